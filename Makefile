@@ -1,0 +1,36 @@
+# The two commands of the README. Each does the whole set-up on a fresh machine first:
+#   make demo   - the agent doing its real job against a local control plane
+#   make test   - lint, types, and the full test suite (unit + end-to-end against real components)
+PY      ?= python3
+VENV    := .venv
+BIN     := $(VENV)/bin
+STAMP   := $(VENV)/.installed
+
+.PHONY: setup demo test lint unit e2e bench clean
+
+$(STAMP): pyproject.toml
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+setup: $(STAMP)
+	$(BIN)/model-agent dev build
+	$(BIN)/python -m model_agent.devenv.olah ensure
+
+demo: setup
+	$(BIN)/model-agent demo
+
+lint: $(STAMP)
+	$(BIN)/ruff check src tests bench
+	$(BIN)/ruff format --check src tests bench
+	$(BIN)/mypy
+
+unit: $(STAMP)
+	$(BIN)/pytest tests/unit -q
+
+test: setup lint
+	$(BIN)/pytest -q
+
+clean:
+	rm -rf $(VENV) .venv-olah .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,515 @@
+"""The local control plane: a real kube-apiserver and etcd, built from the published Go modules.
+
+Role: everything the end-to-end tests and the demo stand on. Three steps, each usable alone:
+
+* :func:`build` compiles ``kube-apiserver`` and ``etcd`` from ``tools/controlplane`` (its own ``go.mod``
+  pinning ``k8s.io/kubernetes``) into a per-version cache directory, and does nothing when the binaries
+  for the pinned version are already there.
+* :class:`ControlPlane` runs etcd and kube-apiserver in a state directory on free loopback ports, with a
+  generated PKI, waits for ``/readyz``, writes ``<state-dir>/kubeconfig`` and records pids in
+  ``<state-dir>/state.json`` so that ``down`` works from another process.
+* :func:`bootstrap` installs the CRDs from ``deploy/crds`` (server-side apply, waits for Established),
+  creates the ``ome`` Namespace and one Node per requested name.
+
+Errors meant for a person are :class:`ControlPlaneError` with a one-line message saying what to do.
+Processes are stopped with SIGTERM, then SIGKILL after a deadline, and only when their command line proves
+they are ours (a recycled pid is never signalled).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from model_agent.devenv import pki as _pki
+from model_agent.kube.client import ApiError, ApiUnavailable, KubeClient
+from model_agent.kube.resources import CRDS, NAMESPACES, NODES
+
+KUBERNETES_VERSION = "v1.36.3"
+GO_MIN_VERSION = (1, 26)
+BUILD_TIMEOUT_S = 45 * 60
+START_TIMEOUT_S = 90.0
+STOP_TIMEOUT_S = 15.0
+
+Echo = Callable[[str], None]
+
+
+class ControlPlaneError(Exception):
+    """A failure a person can act on; the message is one line that says what to do."""
+
+
+def _noop(_: str) -> None:
+    pass
+
+
+def cache_root() -> Path:
+    override = os.environ.get("MODEL_AGENT_CACHE")
+    return Path(override) if override else Path.home() / ".cache" / "model-agent"
+
+
+def repo_root() -> Path:
+    """The source checkout this package runs from (``src/model_agent/devenv`` -> repository root)."""
+    return Path(__file__).resolve().parents[3]
+
+
+def default_state_dir() -> Path:
+    return cache_root() / "dev"
+
+
+# ----------------------------------------------------------------------------------------------- build
+
+
+@dataclass(frozen=True)
+class Binaries:
+    kube_apiserver: Path
+    etcd: Path
+    version: str
+
+
+def binaries_dir(version: str = KUBERNETES_VERSION) -> Path:
+    return cache_root() / "controlplane" / version
+
+
+def cached_binaries(version: str = KUBERNETES_VERSION) -> Binaries | None:
+    d = binaries_dir(version)
+    found = Binaries(d / "kube-apiserver", d / "etcd", version)
+    if found.kube_apiserver.is_file() and found.etcd.is_file():
+        return found
+    return None
+
+
+def _find_go() -> str:
+    go = shutil.which("go")
+    if go is None:
+        raise ControlPlaneError(
+            "the Go toolchain (go >= 1.26) is not on PATH: install it, or put a cached build in "
+            f"{binaries_dir()}"
+        )
+    out = subprocess.run([go, "env", "GOVERSION"], capture_output=True, text=True, check=False).stdout.strip()
+    try:
+        major, minor = (int(x) for x in out.removeprefix("go").split(".")[:2])
+    except ValueError:
+        return go
+    if (major, minor) < GO_MIN_VERSION:
+        raise ControlPlaneError(f"{out} is too old to build Kubernetes {KUBERNETES_VERSION}: install go >= 1.26")
+    return go
+
+
+def _ldflags(version: str) -> str:
+    minor = version.split(".")[1]
+    stamps = []
+    for pkg in ("k8s.io/component-base/version", "k8s.io/client-go/pkg/version"):
+        stamps += [f"-X {pkg}.gitVersion={version}", f"-X {pkg}.gitMajor=1", f"-X {pkg}.gitMinor={minor}"]
+    return " ".join(["-s", "-w", *stamps])
+
+
+def build(*, force: bool = False, echo: Echo = _noop) -> Binaries:
+    """Build the pinned control plane binaries unless they are cached; return their paths."""
+    if not force and (cached := cached_binaries()) is not None:
+        echo(f"control plane {KUBERNETES_VERSION}: using cached binaries in {cached.kube_apiserver.parent}")
+        return cached
+    module = repo_root() / "tools" / "controlplane"
+    if not (module / "go.mod").is_file():
+        raise ControlPlaneError(f"{module}/go.mod is missing: run from a model-agent source checkout")
+    go = _find_go()
+    target = binaries_dir()
+    staging = target.with_name(target.name + ".building")
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    env = dict(os.environ, CGO_ENABLED="0", GOTOOLCHAIN="local", GOFLAGS="-mod=readonly")
+    steps: list[tuple[str, list[str]]] = [
+        (
+            "kube-apiserver",
+            [go, "build", "-trimpath", "-tags", "grpcnotrace", "-ldflags", _ldflags(KUBERNETES_VERSION),
+             "-o", str(staging / "kube-apiserver"), "./kube-apiserver"],
+        ),
+        ("etcd", [go, "build", "-trimpath", "-ldflags", "-s -w", "-o", str(staging / "etcd"), "./etcd"]),
+    ]
+    started = time.monotonic()
+    for name, argv in steps:
+        echo(f"building {name} ({KUBERNETES_VERSION}) - a cold build takes several minutes on 2 cores")
+        step_started = time.monotonic()
+        try:
+            proc = subprocess.run(
+                argv, cwd=module, env=env, capture_output=True, text=True, timeout=BUILD_TIMEOUT_S, check=False
+            )
+        except subprocess.TimeoutExpired as exc:
+            raise ControlPlaneError(f"building {name} took over {BUILD_TIMEOUT_S}s; retry on an idle machine") from exc
+        if proc.returncode != 0:
+            log = staging / f"{name}.build.log"
+            log.write_text(proc.stdout + proc.stderr)
+            last = (proc.stderr.strip().splitlines() or ["(no output)"])[-1]
+            raise ControlPlaneError(f"go build of {name} failed: {last} (full log: {log})")
+        echo(f"built {name} in {time.monotonic() - step_started:.0f}s")
+    elapsed = time.monotonic() - started
+    info = {
+        "version": KUBERNETES_VERSION,
+        "build_seconds": round(elapsed, 1),
+        "sizes": {p.name: p.stat().st_size for p in staging.iterdir() if p.is_file() and not p.suffix},
+    }
+    (staging / "build-info.json").write_text(json.dumps(info, indent=2))
+    shutil.rmtree(target, ignore_errors=True)
+    staging.rename(target)
+    echo(f"control plane {KUBERNETES_VERSION} built in {elapsed:.0f}s into {target}")
+    found = cached_binaries()
+    assert found is not None
+    return found
+
+
+# ------------------------------------------------------------------------------------------------- run
+
+
+@dataclass
+class State:
+    etcd_pid: int = 0
+    apiserver_pid: int = 0
+    etcd_port: int = 0
+    etcd_peer_port: int = 0
+    apiserver_port: int = 0
+    kubeconfig: str = ""
+    nodes: list[str] = field(default_factory=list)
+    started_at: float = 0.0
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def _port_in_use(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return True
+    return False
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def _alive_and_ours(pid: int, marker: str) -> bool:
+    return pid > 0 and marker in _cmdline(pid)
+
+
+def _stop_pid(pid: int, marker: str, deadline_s: float = STOP_TIMEOUT_S) -> None:
+    if not _alive_and_ours(pid, marker):
+        return
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGTERM)
+    end = time.monotonic() + deadline_s
+    while time.monotonic() < end:
+        if not _alive_and_ours(pid, marker):
+            _reap(pid)
+            return
+        _reap(pid)
+        time.sleep(0.05)
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGKILL)
+    _reap(pid)
+
+
+def _reap(pid: int) -> None:
+    # Children of this very process become zombies until waited for; others are reaped by init.
+    with contextlib.suppress(ChildProcessError, OSError):
+        os.waitpid(pid, os.WNOHANG)
+
+
+class ControlPlane:
+    """etcd + kube-apiserver processes recorded in one state directory."""
+
+    def __init__(self, state_dir: Path | None = None) -> None:
+        self.state_dir = (state_dir or default_state_dir()).resolve()
+        self.state_file = self.state_dir / "state.json"
+        self.kubeconfig = self.state_dir / "kubeconfig"
+
+    # ---- state file
+
+    def read_state(self) -> State | None:
+        try:
+            raw = json.loads(self.state_file.read_text())
+            return State(**raw)
+        except (OSError, ValueError, TypeError):
+            return None
+
+    def _write_state(self, state: State) -> None:
+        tmp = self.state_file.with_suffix(".tmp")
+        tmp.write_text(json.dumps(asdict(state), indent=2))
+        tmp.replace(self.state_file)
+
+    def running(self) -> State | None:
+        """The recorded state when both processes are alive and ours, else None."""
+        state = self.read_state()
+        if state and self._both_alive(state):
+            return state
+        return None
+
+    def _both_alive(self, state: State) -> bool:
+        marker = str(self.state_dir)
+        return _alive_and_ours(state.etcd_pid, marker) and _alive_and_ours(state.apiserver_pid, marker)
+
+    # ---- lifecycle
+
+    def up(
+        self,
+        nodes: Sequence[str] = (),
+        *,
+        apiserver_port: int | None = None,
+        binaries: Binaries | None = None,
+        echo: Echo = _noop,
+    ) -> State:
+        """Start the control plane (building it first if needed) and bootstrap CRDs, Namespace, Nodes."""
+        existing = self.read_state()
+        if existing is not None:
+            if self._both_alive(existing):
+                raise ControlPlaneError(
+                    f"a control plane is already running from {self.state_dir} "
+                    f"(apiserver pid {existing.apiserver_pid}): run `model-agent dev down --state-dir "
+                    f"{self.state_dir}` first, or use it as is with KUBECONFIG={self.kubeconfig}"
+                )
+            echo(f"found state left by a killed run in {self.state_dir}; cleaning it up")
+            self.down()
+        if apiserver_port is not None and _port_in_use(apiserver_port):
+            raise ControlPlaneError(
+                f"port {apiserver_port} on 127.0.0.1 is in use: free it or pick another with --port"
+            )
+        bins = binaries or build(echo=echo)
+        shutil.rmtree(self.state_dir, ignore_errors=True)
+        self.state_dir.mkdir(parents=True)
+        certs = _pki.generate(self.state_dir / "pki")
+        state = State(
+            etcd_port=_free_port(),
+            etcd_peer_port=_free_port(),
+            apiserver_port=apiserver_port or _free_port(),
+            kubeconfig=str(self.kubeconfig),
+            nodes=list(nodes),
+            started_at=time.time(),
+        )
+        started = time.monotonic()
+        try:
+            state.etcd_pid = self._spawn("etcd", self._etcd_argv(bins, state))
+            self._write_state(state)
+            state.apiserver_pid = self._spawn("kube-apiserver", self._apiserver_argv(bins, state, certs))
+            self._write_state(state)
+            self._write_kubeconfig(state, certs)
+            asyncio.run(self._wait_ready_and_bootstrap(state, nodes))
+        except BaseException:
+            self.down()
+            raise
+        echo(f"control plane ready in {time.monotonic() - started:.1f}s; KUBECONFIG={self.kubeconfig}")
+        return state
+
+    def down(self) -> bool:
+        """Stop whatever this state directory records; True if something was running. Never fails."""
+        state = self.read_state()
+        if state is None:
+            return False
+        marker = str(self.state_dir)
+        was_running = _alive_and_ours(state.apiserver_pid, marker) or _alive_and_ours(state.etcd_pid, marker)
+        _stop_pid(state.apiserver_pid, marker)
+        _stop_pid(state.etcd_pid, marker)
+        with contextlib.suppress(OSError):
+            self.state_file.unlink()
+        return was_running
+
+    # ---- internals
+
+    def _spawn(self, name: str, argv: list[str]) -> int:
+        log = (self.state_dir / f"{name}.log").open("ab")
+        proc = subprocess.Popen(
+            argv,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+            cwd=self.state_dir,
+        )
+        log.close()
+        return proc.pid
+
+    def _etcd_argv(self, bins: Binaries, state: State) -> list[str]:
+        client = f"http://127.0.0.1:{state.etcd_port}"
+        peer = f"http://127.0.0.1:{state.etcd_peer_port}"
+        return [
+            str(bins.etcd),
+            "--name=dev",
+            f"--data-dir={self.state_dir / 'etcd-data'}",
+            f"--listen-client-urls={client}",
+            f"--advertise-client-urls={client}",
+            f"--listen-peer-urls={peer}",
+            f"--initial-advertise-peer-urls={peer}",
+            f"--initial-cluster=dev={peer}",
+            "--unsafe-no-fsync=true",
+            "--log-level=warn",
+            "--quota-backend-bytes=4294967296",
+        ]
+
+    def _apiserver_argv(self, bins: Binaries, state: State, certs: _pki.Pki) -> list[str]:
+        return [
+            str(bins.kube_apiserver),
+            f"--etcd-servers=http://127.0.0.1:{state.etcd_port}",
+            f"--cert-dir={self.state_dir / 'pki'}",
+            f"--tls-cert-file={certs.serving_cert}",
+            f"--tls-private-key-file={certs.serving_key}",
+            f"--client-ca-file={certs.ca_cert}",
+            f"--secure-port={state.apiserver_port}",
+            "--bind-address=127.0.0.1",
+            "--advertise-address=127.0.0.1",
+            "--endpoint-reconciler-type=none",
+            "--service-cluster-ip-range=10.0.0.0/24",
+            "--allow-privileged=true",
+            "--authorization-mode=Node,RBAC",
+            "--disable-admission-plugins=ServiceAccount",
+            f"--service-account-issuer=https://127.0.0.1:{state.apiserver_port}/",
+            f"--service-account-key-file={certs.sa_public}",
+            f"--service-account-signing-key-file={certs.sa_private}",
+            "--profiling=false",
+            "--v=0",
+        ]
+
+    def _write_kubeconfig(self, state: State, certs: _pki.Pki) -> None:
+        doc = {
+            "apiVersion": "v1",
+            "kind": "Config",
+            "clusters": [
+                {
+                    "name": "model-agent-dev",
+                    "cluster": {
+                        "server": f"https://127.0.0.1:{state.apiserver_port}",
+                        "certificate-authority": str(certs.ca_cert),
+                    },
+                }
+            ],
+            "users": [
+                {
+                    "name": "admin",
+                    "user": {"client-certificate": str(certs.admin_cert), "client-key": str(certs.admin_key)},
+                }
+            ],
+            "contexts": [{"name": "model-agent-dev", "context": {"cluster": "model-agent-dev", "user": "admin"}}],
+            "current-context": "model-agent-dev",
+        }
+        self.kubeconfig.write_text(yaml.safe_dump(doc, sort_keys=False))
+
+    async def _wait_ready_and_bootstrap(self, state: State, nodes: Sequence[str]) -> None:
+        deadline = time.monotonic() + START_TIMEOUT_S
+        client = await KubeClient.connect(self.kubeconfig)
+        try:
+            last_error = "no answer yet"
+            while True:
+                for name, pid in (("etcd", state.etcd_pid), ("kube-apiserver", state.apiserver_pid)):
+                    if not _alive_and_ours(pid, str(self.state_dir)):
+                        raise ControlPlaneError(
+                            f"{name} exited during start-up: see {self.state_dir / (name + '.log')}"
+                        )
+                try:
+                    await client.request("GET", "/readyz", timeout=5)
+                    break
+                except (ApiError, ApiUnavailable) as exc:
+                    last_error = str(exc)
+                if time.monotonic() > deadline:
+                    raise ControlPlaneError(
+                        f"kube-apiserver not ready after {START_TIMEOUT_S:.0f}s ({last_error}): "
+                        f"see {self.state_dir / 'kube-apiserver.log'}"
+                    )
+                await asyncio.sleep(0.25)
+            await bootstrap(client, nodes)
+        finally:
+            await client.close()
+
+
+# ------------------------------------------------------------------------------------------- bootstrap
+
+FIELD_MANAGER = "model-agent-dev"
+
+
+def crd_documents(directory: Path | None = None) -> list[dict[str, Any]]:
+    """The CRD manifests shipped in ``deploy/crds``."""
+    directory = directory or repo_root() / "deploy" / "crds"
+    docs: list[dict[str, Any]] = []
+    for path in sorted(directory.glob("*.yaml")):
+        docs.extend(d for d in yaml.safe_load_all(path.read_text()) if d)
+    if not docs:
+        raise ControlPlaneError(f"no CRDs found in {directory}")
+    return docs
+
+
+async def apply_crd(client: KubeClient, doc: dict[str, Any], *, wait_s: float = 60.0) -> dict[str, Any]:
+    """Server-side apply one CRD and wait until it is Established (and its names accepted)."""
+    name = doc["metadata"]["name"]
+    await client.request(
+        "PATCH",
+        CRDS.path(name=name),
+        query={"fieldManager": FIELD_MANAGER, "force": "true"},
+        body=doc,
+        content_type="application/apply-patch+yaml",
+    )
+    deadline = time.monotonic() + wait_s
+    while True:
+        current = await client.request("GET", CRDS.path(name=name))
+        conditions = current.get("status", {}).get("conditions", [])
+        if any(c.get("type") == "Established" and c.get("status") == "True" for c in conditions):
+            return current
+        if time.monotonic() > deadline:
+            raise ControlPlaneError(f"CRD {name} not Established after {wait_s:.0f}s")
+        await asyncio.sleep(0.1)
+
+
+DEFAULT_INSTANCE_TYPE = "BM.GPU.H100.8"
+
+
+def node_manifest(name: str, labels: dict[str, str] | None = None) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {
+            "name": name,
+            "labels": {
+                "kubernetes.io/hostname": name,
+                "kubernetes.io/os": "linux",
+                "kubernetes.io/arch": "amd64",
+                "node.kubernetes.io/instance-type": DEFAULT_INSTANCE_TYPE,
+                "nvidia.com/gpu.present": "true",
+                **(labels or {}),
+            },
+        },
+    }
+
+
+async def _create_if_absent(client: KubeClient, path: str, body: dict[str, Any]) -> None:
+    try:
+        await client.request("POST", path, body=body)
+    except ApiError as exc:
+        if exc.status != 409:
+            raise
+
+
+async def bootstrap(client: KubeClient, nodes: Iterable[str], *, namespace: str = "ome") -> None:
+    """Install the CRDs, the agent's Namespace and the requested Nodes (idempotent)."""
+    for doc in crd_documents():
+        await apply_crd(client, doc)
+    await _create_if_absent(
+        client, NAMESPACES.path(), {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}}
+    )
+    for node in nodes:
+        await _create_if_absent(client, NODES.path(), node_manifest(node))

@@ -1,0 +1,240 @@
+"""The Kubernetes client adapter: the only module that imports kubernetes_asyncio.
+
+Role: turn a kubeconfig (or the in-cluster service account) into an authenticated HTTP session, and
+offer three primitives on it that the rest of the agent is built from:
+
+* ``request``: one JSON request/response with a mandatory deadline;
+* ``watch_lines``: a streaming GET (a watch) yielding decoded JSON events, with a read timeout so a dead
+  stream is noticed;
+* typed errors: every failure is an :class:`ApiError` with the HTTP status and the decoded ``Status``
+  body (so callers can tell the object's own NotFound from a missing resource type), or an
+  :class:`ApiUnavailable` for transport failures and deadlines.
+
+Contract: no request is ever sent without a deadline; the library is used for configuration loading,
+TLS and the connection pool only, so it can be swapped by changing this file alone. Everything above this
+layer works on plain ``dict`` objects and the small views in ``model/``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+import aiohttp
+from kubernetes_asyncio import config as _k8s_config
+from kubernetes_asyncio.client import ApiClient as _ApiClient
+from kubernetes_asyncio.client import Configuration as _Configuration
+
+JSON = dict[str, Any]
+
+DEFAULT_TIMEOUT_S = 10.0
+
+# Called after every request with (verb, resource, status code or 0, seconds); metrics hook in here.
+RequestObserver = Callable[[str, str, int, float], None]
+
+
+class ApiError(Exception):
+    """The API server answered with an HTTP error status."""
+
+    def __init__(self, status: int, body: JSON | None, method: str, path: str) -> None:
+        self.status = status
+        self.body = body or {}
+        self.method = method
+        self.path = path
+        self.reason = str(self.body.get("reason", ""))
+        self.message = str(self.body.get("message", ""))
+        details = self.body.get("details")
+        self.details: JSON = details if isinstance(details, dict) else {}
+        super().__init__(f"{method} {path}: HTTP {status} {self.reason}: {self.message}".strip())
+
+    @property
+    def retry_after_s(self) -> float | None:
+        value = self.details.get("retryAfterSeconds")
+        return float(value) if isinstance(value, (int, float)) else None
+
+    def is_object_not_found(self, name: str) -> bool:
+        """True only for the object's own NotFound, not for a missing resource type or endpoint.
+
+        The API server answers a GET of a vanished object with a ``Status`` whose reason is ``NotFound``
+        and whose ``details.name`` is the object's name. A resource type that is gone (its CRD was deleted)
+        answers 404 with a plain body or without the name: that is not proof the object is gone.
+        """
+        return self.status == 404 and self.reason == "NotFound" and self.details.get("name") == name
+
+
+class ApiUnavailable(Exception):
+    """No answer: connection refused or reset, TLS failure, or the deadline passed."""
+
+
+@dataclass(frozen=True)
+class Response:
+    status: int
+    body: JSON
+
+
+def _resource_of(path: str) -> str:
+    """The resource name of an API path, for metrics (``/api/v1/nodes/x`` -> ``nodes``)."""
+    parts = [p for p in path.split("?")[0].split("/") if p]
+    if parts[:1] == ["api"]:
+        parts = parts[2:]
+    elif parts[:1] == ["apis"]:
+        parts = parts[3:]
+    if len(parts) >= 2 and parts[0] == "namespaces":
+        parts = parts[2:] if len(parts) > 2 else ["namespaces"]
+    return parts[0] if parts else "unknown"
+
+
+class KubeClient:
+    """An authenticated session to one API server. Create with :meth:`connect`; close with :meth:`close`."""
+
+    def __init__(self, api: _ApiClient, configuration: _Configuration) -> None:
+        self._api = api
+        self._cfg = configuration
+        self.host: str = configuration.host.rstrip("/")
+        self.observers: list[RequestObserver] = []
+        # Optional async gate taken before every request (the client-side rate limiter hooks in here).
+        self.before_request: Callable[[], Awaitable[None]] | None = None
+
+    @classmethod
+    async def connect(cls, kubeconfig: str | Path | None = None, *, context: str | None = None) -> KubeClient:
+        """Load credentials: an explicit kubeconfig, else in-cluster, else ``$KUBECONFIG`` / ``~/.kube/config``."""
+        cfg = _Configuration()
+        if kubeconfig is not None:
+            await _k8s_config.load_kube_config(
+                config_file=str(kubeconfig), context=context, client_configuration=cfg
+            )
+        else:
+            try:
+                _k8s_config.load_incluster_config(client_configuration=cfg)
+            except _k8s_config.ConfigException:
+                await _k8s_config.load_kube_config(context=context, client_configuration=cfg)
+        return cls(_ApiClient(configuration=cfg), cfg)
+
+    async def close(self) -> None:
+        await self._api.close()
+
+    async def __aenter__(self) -> KubeClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    @property
+    def _session(self) -> aiohttp.ClientSession:
+        session: aiohttp.ClientSession = self._api.rest_client.pool_manager
+        return session
+
+    async def _headers(self, content_type: str | None) -> dict[str, str]:
+        headers = {"Accept": "application/json", "User-Agent": "model-agent"}
+        if content_type:
+            headers["Content-Type"] = content_type
+        token = await self._cfg.get_api_key_with_prefix("authorization")
+        if token:
+            headers["Authorization"] = token
+        return headers
+
+    def _observe(self, method: str, path: str, status: int, started: float) -> None:
+        elapsed = time.monotonic() - started
+        resource = _resource_of(path)
+        for observer in self.observers:
+            observer(method, resource, status, elapsed)
+
+    async def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        query: Mapping[str, str | int] | None = None,
+        body: Any = None,
+        content_type: str | None = None,
+        timeout: float = DEFAULT_TIMEOUT_S,
+    ) -> JSON:
+        """Send one request and return the decoded JSON body; raise ApiError / ApiUnavailable."""
+        if self.before_request is not None:
+            await self.before_request()
+        data = None if body is None else json.dumps(body).encode()
+        if data is not None and content_type is None:
+            content_type = "application/json"
+        url = self.host + path
+        started = time.monotonic()
+        status = 0
+        try:
+            async with self._session.request(
+                method,
+                url,
+                params=dict(query) if query else None,
+                data=data,
+                headers=await self._headers(content_type),
+                timeout=aiohttp.ClientTimeout(total=timeout),
+            ) as resp:
+                status = resp.status
+                raw = await resp.read()
+        except (TimeoutError, asyncio.TimeoutError) as exc:
+            self._observe(method, path, 0, started)
+            raise ApiUnavailable(f"{method} {path}: no answer within {timeout:g}s") from exc
+        except aiohttp.ClientError as exc:
+            self._observe(method, path, 0, started)
+            raise ApiUnavailable(f"{method} {path}: {type(exc).__name__}: {exc}") from exc
+        self._observe(method, path, status, started)
+        decoded = _decode(raw)
+        if status >= 400:
+            raise ApiError(status, decoded, method, path)
+        return decoded
+
+    async def watch_lines(
+        self,
+        path: str,
+        *,
+        query: Mapping[str, str | int],
+        connect_timeout: float = DEFAULT_TIMEOUT_S,
+        read_timeout: float,
+    ) -> AsyncIterator[JSON]:
+        """Stream a watch: yield each decoded event; end when the server closes the stream.
+
+        ``read_timeout`` bounds the silence between two lines (bookmarks arrive about once a minute), so a
+        stream that died without a FIN is noticed and raised as ApiUnavailable.
+        """
+        if self.before_request is not None:
+            await self.before_request()
+        started = time.monotonic()
+        timeout = aiohttp.ClientTimeout(total=None, sock_connect=connect_timeout, sock_read=read_timeout)
+        try:
+            async with self._session.get(
+                self.host + path,
+                params={k: str(v) for k, v in query.items()},
+                headers=await self._headers(None),
+                timeout=timeout,
+            ) as resp:
+                self._observe("WATCH", path, resp.status, started)
+                if resp.status >= 400:
+                    raise ApiError(resp.status, _decode(await resp.read()), "WATCH", path)
+                async for line in resp.content:
+                    if line.strip():
+                        event = _decode(line)
+                        if event:
+                            yield event
+        except (TimeoutError, asyncio.TimeoutError) as exc:
+            raise ApiUnavailable(f"WATCH {path}: silent for {read_timeout:g}s") from exc
+        except aiohttp.ClientError as exc:
+            raise ApiUnavailable(f"WATCH {path}: {type(exc).__name__}: {exc}") from exc
+
+
+def _decode(raw: bytes) -> JSON:
+    if not raw:
+        return {}
+    try:
+        value = json.loads(raw)
+    except ValueError:
+        return {"message": raw[:500].decode(errors="replace")}
+    return value if isinstance(value, dict) else {"items": value}
+
+
+def qs(value: str) -> str:
+    """Quote one path segment (names are DNS labels, but never trust input in a URL)."""
+    return quote(value, safe="")

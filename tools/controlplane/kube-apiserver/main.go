@@ -1,0 +1,18 @@
+// Command kube-apiserver builds the upstream Kubernetes API server from the
+// published k8s.io/kubernetes module, for the project's tests and demo only.
+package main
+
+import (
+	"os"
+	_ "time/tzdata"
+
+	"k8s.io/component-base/cli"
+	_ "k8s.io/component-base/logs/json/register"
+	_ "k8s.io/component-base/metrics/prometheus/clientgo"
+	_ "k8s.io/component-base/metrics/prometheus/version"
+	"k8s.io/kubernetes/cmd/kube-apiserver/app"
+)
+
+func main() {
+	os.Exit(cli.Run(app.NewAPIServerCommand()))
+}
