@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import typer
 
-from model_agent.cli import dev
+from model_agent.cli import dev, run
 
 app = typer.Typer(
     help="model-agent keeps a node's model weights, Node labels and ConfigMap in agreement with OME models.",
@@ -16,6 +16,7 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 app.add_typer(dev.app, name="dev")
+app.command("run")(run.run)
 
 
 def main() -> None:  # pragma: no cover - console entry

@@ -95,8 +95,7 @@ def _find_go() -> str:
     go = shutil.which("go")
     if go is None:
         raise ControlPlaneError(
-            "the Go toolchain (go >= 1.26) is not on PATH: install it, or put a cached build in "
-            f"{binaries_dir()}"
+            f"the Go toolchain (go >= 1.26) is not on PATH: install it, or put a cached build in {binaries_dir()}"
         )
     out = subprocess.run([go, "env", "GOVERSION"], capture_output=True, text=True, check=False).stdout.strip()
     try:
@@ -133,8 +132,18 @@ def build(*, force: bool = False, echo: Echo = _noop) -> Binaries:
     steps: list[tuple[str, list[str]]] = [
         (
             "kube-apiserver",
-            [go, "build", "-trimpath", "-tags", "grpcnotrace", "-ldflags", _ldflags(KUBERNETES_VERSION),
-             "-o", str(staging / "kube-apiserver"), "./kube-apiserver"],
+            [
+                go,
+                "build",
+                "-trimpath",
+                "-tags",
+                "grpcnotrace",
+                "-ldflags",
+                _ldflags(KUBERNETES_VERSION),
+                "-o",
+                str(staging / "kube-apiserver"),
+                "./kube-apiserver",
+            ],
         ),
         ("etcd", [go, "build", "-trimpath", "-ldflags", "-s -w", "-o", str(staging / "etcd"), "./etcd"]),
     ]
@@ -144,7 +153,13 @@ def build(*, force: bool = False, echo: Echo = _noop) -> Binaries:
         step_started = time.monotonic()
         try:
             proc = subprocess.run(
-                argv, cwd=module, env=env, capture_output=True, text=True, timeout=BUILD_TIMEOUT_S, check=False
+                argv,
+                cwd=module,
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=BUILD_TIMEOUT_S,
+                check=False,
             )
         except subprocess.TimeoutExpired as exc:
             raise ControlPlaneError(f"building {name} took over {BUILD_TIMEOUT_S}s; retry on an idle machine") from exc
@@ -467,7 +482,7 @@ async def apply_crd(client: KubeClient, doc: dict[str, Any], *, wait_s: float = 
     deadline = time.monotonic() + wait_s
     while True:
         current = await client.request("GET", CRDS.path(name=name))
-        conditions = current.get("status", {}).get("conditions", [])
+        conditions = (current.get("status") or {}).get("conditions") or []
         if any(c.get("type") == "Established" and c.get("status") == "True" for c in conditions):
             return current
         if time.monotonic() > deadline:

@@ -141,8 +141,6 @@ def generate(directory: Path) -> Pki:
     _write_key(pki.admin_key, admin_key)
     _write_key(pki.sa_private, sa_key)
     pki.sa_public.write_bytes(
-        sa_key.public_key().public_bytes(
-            serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
-        )
+        sa_key.public_key().public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
     )
     return pki

@@ -17,7 +17,6 @@ layer works on plain ``dict`` objects and the small views in ``model/``.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
@@ -96,7 +95,7 @@ class KubeClient:
     def __init__(self, api: _ApiClient, configuration: _Configuration) -> None:
         self._api = api
         self._cfg = configuration
-        self.host: str = configuration.host.rstrip("/")
+        self.host: str = str(configuration.host or "").rstrip("/")
         self.observers: list[RequestObserver] = []
         # Optional async gate taken before every request (the client-side rate limiter hooks in here).
         self.before_request: Callable[[], Awaitable[None]] | None = None
@@ -106,12 +105,10 @@ class KubeClient:
         """Load credentials: an explicit kubeconfig, else in-cluster, else ``$KUBECONFIG`` / ``~/.kube/config``."""
         cfg = _Configuration()
         if kubeconfig is not None:
-            await _k8s_config.load_kube_config(
-                config_file=str(kubeconfig), context=context, client_configuration=cfg
-            )
+            await _k8s_config.load_kube_config(config_file=str(kubeconfig), context=context, client_configuration=cfg)
         else:
             try:
-                _k8s_config.load_incluster_config(client_configuration=cfg)
+                _k8s_config.load_incluster_config(client_configuration=cfg)  # type: ignore[no-untyped-call]
             except _k8s_config.ConfigException:
                 await _k8s_config.load_kube_config(context=context, client_configuration=cfg)
         return cls(_ApiClient(configuration=cfg), cfg)
@@ -175,7 +172,7 @@ class KubeClient:
             ) as resp:
                 status = resp.status
                 raw = await resp.read()
-        except (TimeoutError, asyncio.TimeoutError) as exc:
+        except TimeoutError as exc:
             self._observe(method, path, 0, started)
             raise ApiUnavailable(f"{method} {path}: no answer within {timeout:g}s") from exc
         except aiohttp.ClientError as exc:
@@ -219,7 +216,7 @@ class KubeClient:
                         event = _decode(line)
                         if event:
                             yield event
-        except (TimeoutError, asyncio.TimeoutError) as exc:
+        except TimeoutError as exc:
             raise ApiUnavailable(f"WATCH {path}: silent for {read_timeout:g}s") from exc
         except aiohttp.ClientError as exc:
             raise ApiUnavailable(f"WATCH {path}: {type(exc).__name__}: {exc}") from exc

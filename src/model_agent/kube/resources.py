@@ -42,8 +42,6 @@ CONFIGMAPS = Resource("", "v1", "configmaps", "ConfigMap", namespaced=True)
 SECRETS = Resource("", "v1", "secrets", "Secret", namespaced=True)
 EVENTS = Resource("", "v1", "events", "Event", namespaced=True)
 LEASES = Resource("coordination.k8s.io", "v1", "leases", "Lease", namespaced=True)
-CRDS = Resource(
-    "apiextensions.k8s.io", "v1", "customresourcedefinitions", "CustomResourceDefinition", namespaced=False
-)
+CRDS = Resource("apiextensions.k8s.io", "v1", "customresourcedefinitions", "CustomResourceDefinition", namespaced=False)
 
 MODEL_RESOURCES = {"BaseModel": BASEMODELS, "ClusterBaseModel": CLUSTERBASEMODELS}

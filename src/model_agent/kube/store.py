@@ -74,19 +74,19 @@ class Store:
     def delete(self, obj: Obj) -> Change:
         """Forget an object a watch reported deleted; the change carries the last known state."""
         key = object_key(obj)
-        old = self._items.pop(key, None)
-        return Change(key, old if old is not None else obj, None)
+        last = self._items.pop(key, None)
+        return Change(key, last if last is not None else obj, None)
 
     def replace(self, objs: Iterable[Obj]) -> list[Change]:
         """Install a complete list; return a change per added/updated key and per vanished key."""
         fresh = {object_key(o): o for o in objs}
         changes: list[Change] = []
-        for key, old in self._items.items():
+        for key, gone in self._items.items():
             if key not in fresh:
-                changes.append(Change(key, old, None))
+                changes.append(Change(key, gone, None))
         for key, new in fresh.items():
-            old = self._items.get(key)
-            if old is None or resource_version(old) != resource_version(new):
-                changes.append(Change(key, old, new))
+            previous = self._items.get(key)
+            if previous is None or resource_version(previous) != resource_version(new):
+                changes.append(Change(key, previous, new))
         self._items = fresh
         return changes

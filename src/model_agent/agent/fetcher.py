@@ -1,0 +1,152 @@
+"""The fetcher pool: runs downloads beside the reconciler, bounded, cancellable, one per model.
+
+The reconciler hands over a job (a model key, a target description and a coroutine factory) and returns at
+once; it never waits for a download. At most ``workers`` jobs run at a time (``--num-download-worker``);
+the others wait for a slot. When a job ends — success, failure or cancellation — ``on_done(key)`` is
+called so the work queue looks at the model again (level-triggered: the reconciler reads the outcome from
+the manifest or from :meth:`Fetcher.failure`).
+
+Guarantees:
+* at most one job per key; :meth:`submit` for a key with a job for another target cancels the old job
+  first (awaited), so two downloads never write one model's staging area at once;
+* :meth:`cancel` returns only when the job has stopped touching its staging area (threads still finishing
+  a file write into staging, which is never published without verification);
+* after :meth:`stop` no job runs and :meth:`submit` refuses (returns False) instead of blocking.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+
+import structlog
+
+from model_agent.sources.base import Progress, SourceError
+
+log = structlog.get_logger(__name__)
+
+BACKOFF_BASE_S = 1.0
+BACKOFF_CAP_S = 300.0
+
+
+@dataclass
+class Failure:
+    target: str
+    reason: str
+    message: str
+    attempts: int
+    retry_at: float
+    retryable: bool = True
+
+
+@dataclass
+class Job:
+    key: str
+    target: str
+    task: asyncio.Task[None]
+    progress: Progress = field(default_factory=Progress)
+    started: float = field(default_factory=time.monotonic)
+    waiting_for_slot: bool = True
+
+
+JobBody = Callable[[Job], Awaitable[None]]
+
+
+class Fetcher:
+    def __init__(
+        self,
+        workers: int,
+        on_done: Callable[[str], None],
+        *,
+        backoff_base_s: float = BACKOFF_BASE_S,
+        backoff_cap_s: float = BACKOFF_CAP_S,
+    ) -> None:
+        self._slots = asyncio.Semaphore(max(1, workers))
+        self._on_done = on_done
+        self._jobs: dict[str, Job] = {}
+        self._failures: dict[str, Failure] = {}
+        self._stopped = False
+        self._base = backoff_base_s
+        self._cap = backoff_cap_s
+        self._rng = random.Random()
+
+    def job(self, key: str) -> Job | None:
+        return self._jobs.get(key)
+
+    def jobs(self) -> list[Job]:
+        return list(self._jobs.values())
+
+    def failure(self, key: str, target: str) -> Failure | None:
+        failure = self._failures.get(key)
+        return failure if failure is not None and failure.target == target else None
+
+    def clear_failure(self, key: str) -> None:
+        self._failures.pop(key, None)
+
+    async def submit(self, key: str, target: str, body: JobBody) -> bool:
+        if self._stopped:
+            return False
+        current = self._jobs.get(key)
+        if current is not None:
+            if current.target == target:
+                return True
+            await self.cancel(key)
+            if self._stopped:
+                return False
+        job = Job(key, target, task=None)  # type: ignore[arg-type]
+        job.task = asyncio.get_running_loop().create_task(self._run(job, body), name=f"fetch {key}")
+        self._jobs[key] = job
+        return True
+
+    async def _run(self, job: Job, body: JobBody) -> None:
+        outcome = "cancelled"
+        try:
+            async with self._slots:
+                job.waiting_for_slot = False
+                job.started = time.monotonic()
+                await body(job)
+            self._failures.pop(job.key, None)
+            outcome = "done"
+        except asyncio.CancelledError:
+            raise
+        except SourceError as exc:
+            self._record_failure(job, exc.reason, exc.message, exc.retryable)
+            outcome = "failed"
+        except Exception as exc:
+            log.exception("fetch crashed", key=job.key)
+            self._record_failure(job, "InternalError", f"{type(exc).__name__}: {exc}", True)
+            outcome = "failed"
+        finally:
+            if self._jobs.get(job.key) is job:
+                del self._jobs[job.key]
+            log.info("fetch ended", key=job.key, outcome=outcome)
+            if not self._stopped:
+                self._on_done(job.key)
+
+    def _record_failure(self, job: Job, reason: str, message: str, retryable: bool) -> None:
+        previous = self._failures.get(job.key)
+        attempts = previous.attempts + 1 if previous is not None and previous.target == job.target else 1
+        delay = min(self._cap, self._base * 2 ** (attempts - 1)) * (0.8 + 0.4 * self._rng.random())
+        self._failures[job.key] = Failure(job.target, reason, message, attempts, time.monotonic() + delay, retryable)
+
+    async def cancel(self, key: str) -> None:
+        job = self._jobs.get(key)
+        if job is None:
+            return
+        job.task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await job.task
+
+    async def stop(self) -> None:
+        """Cancel every job and wait for them; partial downloads stay in staging for resume."""
+        self._stopped = True
+        jobs = list(self._jobs.values())
+        for job in jobs:
+            job.task.cancel()
+        for job in jobs:
+            with contextlib.suppress(asyncio.CancelledError):
+                await job.task

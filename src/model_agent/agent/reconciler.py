@@ -1,0 +1,514 @@
+"""The level-triggered reconciler: make one model's state on this node agree with its resource.
+
+``reconcile(key)`` never trusts what event brought it here; it compares
+
+* desired: the cached object (if any), whether it is being deleted, and whether it selects this node;
+* actual: the manifest on disk (and its fast stat check), a running or failed fetch, the trash, the
+  node label and the ConfigMap entry;
+
+and acts: publish ``Ready`` for an intact manifest of the wanted source, start (or keep) a fetch and show
+``Updating``, show ``Failed`` with a reason, restore from the trash, or hand a removal candidate to the
+one destructive path, :class:`~model_agent.agent.removal.Remover`. Restarting the agent therefore needs no
+special code: a Ready model with an intact manifest stays Ready without a download and without an
+``Updating`` flip, and half-done work is picked up from local records.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+from model_agent.agent.credentials import resolve_hf_token
+from model_agent.agent.fetcher import Fetcher, Job
+from model_agent.agent.node_configmap import NodeConfigMap
+from model_agent.agent.node_labels import NodeLabels
+from model_agent.agent.removal import Candidate, Remover
+from model_agent.agent.requeue import Requeue
+from model_agent.kube.client import ApiError, ApiUnavailable, KubeClient
+from model_agent.kube.resources import MODEL_RESOURCES
+from model_agent.local.layout import Layout, PathRefused, Root, token_for
+from model_agent.local.manifest import Manifest, ManifestStore
+from model_agent.local.trash import Trash
+from model_agent.model.entry import DownloadProgress, ModelEntry, rfc3339
+from model_agent.model.keys import ModelKind, ModelState
+from model_agent.model.metadata import MetadataError, ParsedMetadata, parse_model_dir
+from model_agent.model.resources import InvalidModel, ModelObject, ModelRef, skip_config_parsing
+from model_agent.model.selection import node_selected
+from model_agent.model.uris import (
+    InvalidStorageUri,
+    StorageType,
+    parse_local_uri,
+    parse_storage_uri,
+    storage_type,
+)
+from model_agent.ops.events import NORMAL, WARNING, EventRecorder, ObjectRef
+from model_agent.ops.metrics import Metrics
+from model_agent.sources.base import FetchRequest, Progress, publish
+from model_agent.sources.hf import HuggingFaceSource
+
+log = structlog.get_logger(__name__)
+
+PROGRESS_INTERVAL_S = 30.0
+# Sources whose files the agent fetched itself, and may therefore quarantine.
+OWNED_TYPES = {StorageType.HUGGINGFACE, StorageType.OCI, StorageType.S3, StorageType.GCS, StorageType.AZURE}
+FETCHABLE_TYPES = {StorageType.HUGGINGFACE}
+
+
+@dataclass(frozen=True)
+class Target:
+    """What a model wants on disk: the identity a manifest must match to count as 'the same'."""
+
+    storage_uri: str
+    dest: Path
+    root: Root
+    storage_type: StorageType
+
+    @property
+    def id(self) -> str:
+        return f"{self.storage_uri}|{self.dest}"
+
+    def matches(self, manifest: Manifest) -> bool:
+        return manifest.storage_uri == self.storage_uri and Path(manifest.dest) == self.dest
+
+
+class Invalid(Exception):
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+        self.message = message
+
+
+@dataclass
+class Context:
+    """Everything the reconciler reads and writes, built once by the agent."""
+
+    client: KubeClient
+    node_name: str
+    namespace: str
+    layout: Layout
+    manifests: ManifestStore
+    trash: Trash
+    labels: NodeLabels
+    configmap: NodeConfigMap
+    fetcher: Fetcher
+    events: EventRecorder
+    metrics: Metrics
+    remover: Remover
+    hf: HuggingFaceSource
+    models_store: dict[str, Any]  # kind -> Store
+    requeue_after: Any  # Callable[[str, float], None]
+
+
+def _store_key(ref: ModelRef) -> str:
+    return f"{ref.namespace}/{ref.name}" if ref.namespace else ref.name
+
+
+class Reconciler:
+    def __init__(self, ctx: Context) -> None:
+        self.ctx = ctx
+        self._progress_written: dict[str, float] = {}
+        self._enriched: set[str] = set()
+
+    # ------------------------------------------------------------------ reading desired and actual state
+
+    def cached_object(self, ref: ModelRef) -> dict[str, Any] | None:
+        store = self.ctx.models_store[ref.kind.value]
+        obj: dict[str, Any] | None = store.get(_store_key(ref))
+        return obj
+
+    def node_labels(self) -> dict[str, str]:
+        return self.ctx.labels.labels()
+
+    def target_of(self, obj: ModelObject) -> Target:
+        uri = obj.spec.storage.storage_uri
+        try:
+            stype = storage_type(uri)
+            parse_storage_uri(uri)
+        except InvalidStorageUri as exc:
+            raise Invalid("InvalidStorageUri", str(exc)) from None
+        raw_path = obj.spec.storage.path or ""
+        if stype == StorageType.LOCAL and not raw_path:
+            raw_path = parse_local_uri(uri).path
+        if stype == StorageType.VENDOR and not raw_path:
+            return Target(uri, Path("/"), self.ctx.layout.primary, stype)
+        if stype == StorageType.LOCAL:
+            # Local paths are read, never written or deleted: they need not be under the models root.
+            path = Path(raw_path)
+            if not path.is_absolute():
+                raise Invalid("InvalidPath", f"local path {raw_path!r} is not absolute")
+            return Target(uri, path, self.ctx.layout.primary, stype)
+        try:
+            root, dest = self.ctx.layout.confine(raw_path)
+        except PathRefused as exc:
+            raise Invalid("PathRefused", str(exc)) from None
+        return Target(uri, dest, root, stype)
+
+    # ------------------------------------------------------------------------------------- the loop body
+
+    async def reconcile(self, key: str) -> None:
+        ref = ModelRef.from_key(key)
+        raw = self.cached_object(ref)
+        manifest = self.ctx.manifests.load(key)
+        if raw is None:
+            await self._candidate(ref, manifest, None, "absent from the cache")
+            return
+        try:
+            obj = ModelObject.from_dict(ref.kind, raw)
+        except InvalidModel as exc:
+            await self._fail(ref, raw, "InvalidModel", exc.reason, retry=False)
+            return
+        if obj.deleting:
+            await self._candidate(ref, manifest, obj, "deletionTimestamp set")
+            return
+        if not node_selected(obj.spec.storage, self.node_labels(), self.ctx.node_name):
+            await self._candidate(ref, manifest, obj, "no longer selects this node")
+            return
+        try:
+            target = self.target_of(obj)
+        except Invalid as exc:
+            await self._fail(ref, raw, exc.reason, exc.message, retry=False)
+            return
+        await self._converge(ref, obj, raw, target, manifest)
+
+    async def _candidate(self, ref: ModelRef, manifest: Manifest | None, obj: ModelObject | None, why: str) -> None:
+        has_label = ref.label_key in self.ctx.labels.model_labels()
+        has_entry = ref.configmap_key in self.ctx.configmap.data()
+        if manifest is None and not has_label and not has_entry and self.ctx.fetcher.job(ref.key) is None:
+            return  # nothing of this model here: nothing to do
+        uid = manifest.uid if manifest else (obj.metadata.uid if obj else "")
+        await self.ctx.remover.remove(Candidate(ref, uid, manifest, why))
+
+    # ------------------------------------------------------------------------------------ converge
+
+    async def _converge(
+        self, ref: ModelRef, obj: ModelObject, raw: dict[str, Any], target: Target, manifest: Manifest | None
+    ) -> None:
+        ctx = self.ctx
+        if manifest is not None and not target.matches(manifest):
+            # The spec now points elsewhere: the old copy is a removal candidate of its own (its UID is
+            # alive, so removal proceeds only because the live object no longer wants it).
+            await ctx.remover.replace_superseded(ref, manifest, target.id)
+            manifest = ctx.manifests.load(ref.key)
+        if manifest is not None:
+            problems = manifest.fast_check()
+            if not problems:
+                if manifest.uid != obj.metadata.uid:
+                    manifest.uid = obj.metadata.uid  # same source and path, recreated object: adopt
+                    ctx.manifests.save(manifest, target.root)
+                await self._publish_state(ref, obj, ModelState.READY, manifest=manifest)
+                await self._enrich_spec(ref, obj, raw, manifest)
+                return
+            log.warning("manifest check failed", key=ref.key, problems=problems[:5])
+            ctx.metrics.drift_repairs.labels("files").inc()
+        if target.storage_type in (StorageType.LOCAL, StorageType.VENDOR):
+            await self._adopt_in_place(ref, obj, raw, target)
+            return
+        if manifest is None and await self._restore_from_trash(ref, obj, target):
+            ctx.requeue_after(ref.key, 0)
+            return
+        await self._ensure_fetch(ref, obj, raw, target, manifest)
+
+    async def _ensure_fetch(
+        self, ref: ModelRef, obj: ModelObject, raw: dict[str, Any], target: Target, manifest: Manifest | None
+    ) -> None:
+        ctx = self.ctx
+        if target.storage_type not in FETCHABLE_TYPES:
+            await self._fail(
+                ref,
+                raw,
+                "UnsupportedStorage",
+                f"{target.storage_type.value} sources are not supported by this agent version",
+                retry=False,
+            )
+            return
+        job = ctx.fetcher.job(ref.key)
+        if job is not None and job.target == target.id:
+            await self._publish_state(ref, obj, ModelState.UPDATING, progress=job.progress)
+            return
+        failure = ctx.fetcher.failure(ref.key, target.id)
+        if failure is not None:
+            remaining = failure.retry_at - time.monotonic()
+            if not failure.retryable or remaining > 0:
+                await self._fail(ref, raw, failure.reason, failure.message, retry=False)
+                if failure.retryable:
+                    ctx.requeue_after(ref.key, remaining)
+                return
+        await self._publish_state(ref, obj, ModelState.UPDATING, progress=Progress(phase="scanning"))
+        submitted = await ctx.fetcher.submit(
+            ref.key, target.id, lambda job: self._fetch(job, ref, obj, target, manifest)
+        )
+        if not submitted:
+            raise Requeue("the fetcher is stopping")
+
+    async def _fetch(
+        self, job: Job, ref: ModelRef, obj: ModelObject, target: Target, previous: Manifest | None
+    ) -> None:
+        """The body of a fetch job: download, verify, publish, parse, record. Runs in the fetcher pool."""
+        ctx = self.ctx
+        started = time.monotonic()
+        labels = _metric_labels(ref)
+        token = None
+        if target.storage_type == StorageType.HUGGINGFACE:
+            resolved = await resolve_hf_token(ctx.client, obj, ctx.namespace)
+            token = resolved.token
+            if resolved.origin == "parameters":
+                ctx.events.emit(
+                    ObjectRef.of(self.cached_object(ref) or {}),
+                    WARNING,
+                    "PlaintextToken",
+                    "spec.storage.parameters.token holds a plain-text token; use a Secret via spec.storage.key",
+                )
+        staging = target.root.staging / token_for(ref.key)
+        last_write = [0.0]
+        pending: list[asyncio.Task[None]] = []
+
+        def on_progress(p: Progress) -> None:
+            job.progress = p
+            now = time.monotonic()
+            if now - last_write[0] >= PROGRESS_INTERVAL_S:
+                last_write[0] = now
+                pending.append(asyncio.get_running_loop().create_task(self._write_progress(ref, obj, p, started)))
+
+        request = FetchRequest(
+            storage_uri=target.storage_uri,
+            dest=target.dest,
+            staging=staging,
+            previous=previous,
+            token=token,
+            parameters=dict(obj.spec.storage.parameters),
+            on_progress=on_progress,
+        )
+        try:
+            result = await ctx.hf.fetch(request)
+            files = await asyncio.to_thread(publish, request, result)
+        finally:
+            for task in pending:  # progress writes finish before the outcome is reported
+                await asyncio.gather(task, return_exceptions=True)
+        metadata = await asyncio.to_thread(self._parse_metadata, obj, target.dest, sum(f.size for f in files))
+        manifest = Manifest(
+            key=ref.key,
+            uid=obj.metadata.uid,
+            storage_uri=target.storage_uri,
+            dest=str(target.dest),
+            revision=result.revision,
+            generation=obj.metadata.generation,
+            source_type=target.storage_type.value,
+            owned=True,
+            files=files,
+            metadata=metadata,
+        )
+        manifest.verified_at = time.time()
+        ctx.manifests.save(manifest, target.root)
+        ctx.metrics.downloads_success.labels(*labels).inc()
+        ctx.metrics.download_duration.labels(*labels).observe(time.monotonic() - started)
+        fetched = sum(f.size for f in files if f.path in set(result.staged))
+        ctx.metrics.fetched_bytes.inc(fetched)
+        ctx.events.emit(
+            ObjectRef.of(self.cached_object(ref) or {}),
+            NORMAL,
+            "Fetched",
+            f"{len(files)} files ({manifest.total_bytes} bytes, {fetched} fetched) at revision "
+            f"{result.revision[:12]} on node {ctx.node_name}",
+        )
+
+    async def _write_progress(self, ref: ModelRef, obj: ModelObject, p: Progress, started: float) -> None:
+        try:
+            await self._publish_state(ref, obj, ModelState.UPDATING, progress=p, started=started)
+        except (ApiError, ApiUnavailable) as exc:
+            log.warning("progress write failed", key=ref.key, error=str(exc))
+
+    def _parse_metadata(self, obj: ModelObject, dest: Path, total: int) -> dict[str, Any] | None:
+        if skip_config_parsing(obj):
+            return None
+        try:
+            parsed = parse_model_dir(dest, total_size_bytes=total)
+        except MetadataError as exc:
+            log.info("no model metadata", dest=str(dest), reason=exc.reason)
+            return None
+        return _metadata_record(parsed)
+
+    async def _adopt_in_place(self, ref: ModelRef, obj: ModelObject, raw: dict[str, Any], target: Target) -> None:
+        """local:// and vendor://: nothing to fetch; verify and parse, never own the files."""
+        ctx = self.ctx
+        metadata: dict[str, Any] | None = None
+        if target.storage_type == StorageType.LOCAL:
+            if not target.dest.is_dir():
+                await self._fail(
+                    ref, raw, "LocalPathNotFound", f"{target.dest} does not exist on this node", retry=True
+                )
+                ctx.requeue_after(ref.key, 30.0)
+                return
+            metadata = await asyncio.to_thread(self._parse_metadata, obj, target.dest, 0)
+        manifest = Manifest(
+            key=ref.key,
+            uid=obj.metadata.uid,
+            storage_uri=target.storage_uri,
+            dest=str(target.dest),
+            generation=obj.metadata.generation,
+            source_type=target.storage_type.value,
+            owned=False,
+            files=[],
+            metadata=metadata,
+        )
+        manifest.verified_at = time.time()
+        ctx.manifests.save(manifest, target.root)
+        ctx.metrics.downloads_success.labels(*_metric_labels(ref)).inc()
+        await self._publish_state(ref, obj, ModelState.READY, manifest=manifest)
+        await self._enrich_spec(ref, obj, raw, manifest)
+
+    async def _restore_from_trash(self, ref: ModelRef, obj: ModelObject, target: Target) -> bool:
+        ctx = self.ctx
+        if target.dest.exists():
+            return False
+        entry = ctx.trash.find_restorable(target.storage_uri, str(target.dest))
+        if entry is None:
+            return False
+        manifest = entry.manifest
+        ctx.trash.restore(entry)
+        manifest.key = ref.key
+        manifest.uid = obj.metadata.uid
+        if manifest.fast_check():
+            log.warning("restored copy failed its check; fetching", key=ref.key)
+            return False
+        ctx.manifests.save(manifest, target.root)
+        ctx.metrics.restored.inc()
+        ctx.events.emit(
+            ObjectRef.of(self.cached_object(ref) or {}),
+            NORMAL,
+            "Restored",
+            f"weights restored from the trash on node {ctx.node_name} without a download",
+        )
+        return True
+
+    # ----------------------------------------------------------------------------- publishing state
+
+    async def _publish_state(
+        self,
+        ref: ModelRef,
+        obj: ModelObject,
+        state: ModelState,
+        *,
+        manifest: Manifest | None = None,
+        progress: Progress | None = None,
+        started: float | None = None,
+        reason: str | None = None,
+    ) -> None:
+        """Label first, then the ConfigMap entry (OME's order: the controller trusts the label's node)."""
+        ctx = self.ctx
+        current = ModelEntry.from_json(ctx.configmap.data().get(ref.configmap_key, "") or "")
+        config = _config_from_record(manifest.metadata) if manifest is not None and manifest.metadata else None
+        if config is None and current is not None and state != ModelState.READY:
+            config = current.config
+        entry_progress = None
+        if state == ModelState.UPDATING and progress is not None:
+            elapsed = max(1e-6, time.monotonic() - started) if started else 0.0
+            entry_progress = DownloadProgress(
+                phase=progress.phase,
+                total_bytes=progress.total_bytes,
+                completed_bytes=progress.completed_bytes,
+                total_files=progress.total_files,
+                completed_files=progress.completed_files,
+                speed_bytes_per_sec=round(progress.completed_bytes / elapsed, 1) if elapsed else 0.0,
+                last_updated=rfc3339(_utcnow()),
+            )
+            if current is not None and current.status == state and current.progress is not None and not started:
+                entry_progress = current.progress  # keep the last progress write; no churn
+        entry = ModelEntry(name=ref.name, status=state.value, config=config, progress=entry_progress)
+        value = _with_reason(entry.to_json(), reason if state == ModelState.FAILED else None)
+        await ctx.labels.ensure(ref.label_key, state.value)
+        await ctx.configmap.ensure(ref.configmap_key, value)
+
+    async def _fail(self, ref: ModelRef, raw: dict[str, Any], reason: str, message: str, *, retry: bool) -> None:
+        ctx = self.ctx
+        already = ctx.labels.labels().get(ref.label_key) == ModelState.FAILED.value
+        current = ModelEntry.from_json(ctx.configmap.data().get(ref.configmap_key, "") or "")
+        entry = ModelEntry(name=ref.name, status=ModelState.FAILED.value, config=current.config if current else None)
+        value = _with_reason(entry.to_json(), f"{reason}: {message}")
+        changed_entry = ctx.configmap.data().get(ref.configmap_key) != value
+        await ctx.labels.ensure(ref.label_key, ModelState.FAILED.value)
+        await ctx.configmap.ensure(ref.configmap_key, value)
+        if not already or changed_entry:
+            ctx.metrics.downloads_failed.labels(*_metric_labels(ref)).inc()
+            ctx.events.emit(ObjectRef.of(raw), WARNING, reason, message)
+            log.warning("model failed", key=ref.key, reason=reason, message=message)
+
+    async def _enrich_spec(self, ref: ModelRef, obj: ModelObject, raw: dict[str, Any], manifest: Manifest) -> None:
+        """Fill empty spec fields from parsed metadata, once per UID, with a merge patch of only those fields.
+
+        OME's agent rewrote ``modelConfiguration`` with a full Update from every node; here a field that is
+        set is never touched, so after the first node nothing is written at all.
+        """
+        if obj.metadata.uid in self._enriched or not manifest.metadata:
+            return
+        spec = raw.get("spec") or {}
+        wanted: dict[str, Any] = manifest.metadata.get("spec") or {}
+        patch = {k: v for k, v in wanted.items() if v not in (None, "", [], {}) and not _is_set(spec.get(k))}
+        if "modelFormat" in patch and isinstance(spec.get("modelFormat"), dict) and spec["modelFormat"].get("name"):
+            del patch["modelFormat"]
+        self._enriched.add(obj.metadata.uid)
+        if not patch:
+            return
+        resource = MODEL_RESOURCES[ref.kind.value]
+        try:
+            await self.ctx.client.request(
+                "PATCH",
+                resource.path(ref.namespace or None, ref.name),
+                body={"metadata": {"uid": obj.metadata.uid}, "spec": patch},
+                content_type="application/merge-patch+json",
+            )
+        except (ApiError, ApiUnavailable) as exc:
+            log.info("spec enrichment skipped", key=ref.key, error=str(exc))
+
+
+def _is_set(value: Any) -> bool:
+    return value not in (None, "", [], {})
+
+
+def _metric_labels(ref: ModelRef) -> tuple[str, str, str]:
+    return (ref.kind.value, ref.namespace, ref.name)
+
+
+def _utcnow() -> Any:
+    from datetime import UTC, datetime
+
+    return datetime.now(UTC)
+
+
+def _with_reason(entry_json: str, reason: str | None) -> str:
+    """Append a ``reason`` field to a Failed entry. OME's consumers ignore unknown fields (Go's decoder)."""
+    if not reason:
+        return entry_json
+    return entry_json[:-1] + "," + json.dumps({"reason": reason[:500]}, separators=(",", ":"))[1:]
+
+
+def _metadata_record(parsed: ParsedMetadata) -> dict[str, Any]:
+    """What a manifest keeps of parsed metadata: the ConfigMap ``config`` and the spec enrichment."""
+    spec: dict[str, Any] = {
+        "modelType": parsed.model_type,
+        "modelArchitecture": parsed.model_architecture,
+        "modelFramework": parsed.model_framework.to_json(),
+        "modelParameterSize": parsed.model_parameter_size,
+        "modelCapabilities": list(parsed.capabilities),
+        "quantization": parsed.quantization,
+        "modelConfiguration": dict(parsed.decoded_configuration),
+        "modelFormat": parsed.model_format.to_json(),
+    }
+    if parsed.diffusion_pipeline is not None:
+        spec["diffusionPipeline"] = parsed.diffusion_pipeline.to_spec()
+    return {"config": parsed.to_config_entry(), "spec": spec}
+
+
+def _config_from_record(metadata: dict[str, Any]) -> Any:
+    doc = {"name": "x", "status": "Ready", "config": metadata.get("config")}
+    entry = ModelEntry.from_json(json.dumps(doc))
+    return entry.config if entry is not None else None
+
+
+def kind_of(obj: dict[str, Any]) -> ModelKind:
+    return ModelKind(str(obj.get("kind")))

@@ -1,0 +1,235 @@
+"""The one destructive path. Every removal of a label, a ConfigMap entry or weights goes through here.
+
+:meth:`Remover.remove` takes a :class:`Candidate` (a model key, the UID the local records hold, the local
+manifest, and why it is suspected gone) and:
+
+1. proves absence with :func:`~model_agent.agent.confirm.confirm_absence` (a live read with a deadline);
+   an unknown outcome raises :class:`Requeue` (backoff) and an alive object drops the rumour — for a
+   "no longer selects this node" candidate the live object is re-evaluated against the live Node;
+2. asks the :class:`~model_agent.agent.breaker.Breaker` (settle period, mass-removal hold);
+3. acts, in this order: cancel a running fetch; move owned weights to the trash (never the weights a live
+   successor or another live model with the same path needs; never for ``reserve-model-artifact``, nor
+   for ``local://``/``vendor://``/``pvc://`` sources); remove the node label; remove the ConfigMap entry;
+   delete the manifest. A kill between steps is safe: the manifest (the record that drives a retry) goes
+   last, and every step is idempotent.
+
+Each decision is counted (``model_agent_delete_confirmations{outcome}``) and each act or refusal is an Event.
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+from model_agent.agent.breaker import Breaker, Verdict
+from model_agent.agent.confirm import Confirmation, Outcome, confirm_absence
+from model_agent.agent.fetcher import Fetcher
+from model_agent.agent.node_configmap import NodeConfigMap
+from model_agent.agent.node_labels import NodeLabels
+from model_agent.agent.requeue import Requeue
+from model_agent.kube.client import ApiError, ApiUnavailable, KubeClient
+from model_agent.kube.resources import NODES
+from model_agent.local.layout import Layout, PathRefused, token_for
+from model_agent.local.manifest import Manifest, ManifestStore
+from model_agent.local.trash import Trash
+from model_agent.model.resources import InvalidModel, ModelObject, ModelRef, reserve_artifact
+from model_agent.model.selection import node_selected
+from model_agent.ops.events import NORMAL, WARNING, EventRecorder, ObjectRef
+from model_agent.ops.metrics import Metrics
+
+log = structlog.get_logger(__name__)
+
+
+@dataclass(frozen=True)
+class Candidate:
+    ref: ModelRef
+    uid: str
+    manifest: Manifest | None
+    why: str
+
+
+@dataclass
+class RemovalContext:
+    client: KubeClient
+    node_name: str
+    layout: Layout
+    manifests: ManifestStore
+    trash: Trash
+    labels: NodeLabels
+    configmap: NodeConfigMap
+    fetcher: Fetcher
+    events: EventRecorder
+    metrics: Metrics
+    breaker: Breaker
+    cached_models: Callable[[], Iterable[dict[str, Any]]]
+    confirm_deadline_s: float = 10.0
+
+
+class Remover:
+    def __init__(self, ctx: RemovalContext) -> None:
+        self.ctx = ctx
+
+    # ------------------------------------------------------------------------------------ entry points
+
+    async def remove(self, candidate: Candidate) -> bool:
+        """Remove everything of a model that is proven gone; True when something was removed."""
+        ctx = self.ctx
+        ref = candidate.ref
+        confirmation = await confirm_absence(ctx.client, ref, candidate.uid, deadline_s=ctx.confirm_deadline_s)
+        ctx.metrics.confirmations.labels(confirmation.outcome.value).inc()
+        if confirmation.outcome == Outcome.READ_FAILED:
+            log.warning("absence unproven; will retry", key=ref.key, why=candidate.why, detail=confirmation.detail)
+            raise Requeue(f"confirmation read failed: {confirmation.detail}")
+        if confirmation.outcome == Outcome.ALIVE_SAME_UID and not await self._deselected(confirmation):
+            ctx.breaker.forget(ref.key)
+            log.info("removal rumour dropped: the object is alive", key=ref.key, why=candidate.why)
+            return False
+        if (
+            confirmation.outcome == Outcome.RECREATED_NEW_UID
+            and candidate.manifest is not None
+            and _wants(confirmation.live, candidate.manifest.storage_uri, candidate.manifest.dest)
+            and not await self._deselected(confirmation)
+        ):
+            # A successor with the same source and path: its weights are these. Adopt, do not remove.
+            ctx.breaker.forget(ref.key)
+            manifest = candidate.manifest
+            manifest.uid = str(((confirmation.live or {}).get("metadata") or {}).get("uid") or "")
+            ctx.manifests.save(manifest, ctx.layout.record_root(Path(manifest.dest)))
+            log.info("recreated object adopts the existing weights", key=ref.key)
+            return False
+        reserved = False
+        if confirmation.live is not None and confirmation.outcome != Outcome.RECREATED_NEW_UID:
+            reserved = self._reserved(ref, confirmation.live)
+        decision = ctx.breaker.decide(ref.key, total_models=self._model_count())
+        if decision.verdict == Verdict.HELD:
+            ctx.events.emit(
+                self._ref_for_event(ref, candidate, confirmation),
+                WARNING,
+                "RemovalHeld",
+                f"removal from node {ctx.node_name} held by the delete breaker ({candidate.why})",
+            )
+            raise Requeue("delete breaker open", decision.delay_s)
+        if decision.verdict == Verdict.WAIT:
+            raise Requeue("settling", decision.delay_s)
+        await self._act(candidate, confirmation, reserved)
+        return True
+
+    async def replace_superseded(self, ref: ModelRef, manifest: Manifest, new_target: str) -> None:
+        """The live spec points at another source or path: retire the old copy (to the trash)."""
+        ctx = self.ctx
+        confirmation = await confirm_absence(ctx.client, ref, manifest.uid, deadline_s=ctx.confirm_deadline_s)
+        if confirmation.outcome == Outcome.READ_FAILED:
+            raise Requeue(f"confirmation read failed: {confirmation.detail}")
+        live = confirmation.live
+        if live is not None and confirmation.outcome == Outcome.ALIVE_SAME_UID:
+            storage = (live.get("spec") or {}).get("storage") or {}
+            if storage.get("storageUri") == manifest.storage_uri and (storage.get("path") or "") == manifest.dest:
+                raise Requeue("cache and server disagree about the spec; waiting for the watch")
+        await ctx.fetcher.cancel(ref.key)
+        if manifest.owned and not self._needed_elsewhere(ref, Path(manifest.dest), new_target):
+            self._quarantine(manifest, "superseded by a new spec")
+        ctx.manifests.delete(ref.key)
+
+    # ----------------------------------------------------------------------------------------- helpers
+
+    async def _deselected(self, confirmation: Confirmation) -> bool:
+        """For an alive object: does it (live) no longer select this node (live)?"""
+        live = confirmation.live or {}
+        try:
+            obj = ModelObject.from_dict(str(live.get("kind") or ""), live)
+        except InvalidModel:
+            return False
+        try:
+            node = await self.ctx.client.request("GET", NODES.path(name=self.ctx.node_name))
+        except (ApiError, ApiUnavailable) as exc:
+            raise Requeue(f"live read of the Node failed: {exc}") from None
+        labels = (node.get("metadata") or {}).get("labels") or {}
+        return not node_selected(obj.spec.storage, labels, self.ctx.node_name)
+
+    def _reserved(self, ref: ModelRef, live: dict[str, Any]) -> bool:
+        try:
+            return reserve_artifact(ModelObject.from_dict(ref.kind, live))
+        except InvalidModel:
+            return False
+
+    def _model_count(self) -> int:
+        return sum(1 for _ in self.ctx.manifests.all())
+
+    def _ref_for_event(self, ref: ModelRef, candidate: Candidate, confirmation: Confirmation) -> ObjectRef:
+        if confirmation.live is not None:
+            return ObjectRef.of(confirmation.live)
+        return ObjectRef(ref.kind.value, "ome.io/v1beta1", ref.name, ref.namespace, candidate.uid)
+
+    def _needed_elsewhere(self, ref: ModelRef, dest: Path, new_target: str | None = None) -> bool:
+        """Does another live model (or this model's new spec) use the same destination?"""
+        if new_target is not None and new_target.endswith(f"|{dest}"):
+            return True
+        for raw in self.ctx.cached_models():
+            meta = raw.get("metadata") or {}
+            storage = ((raw.get("spec") or {}).get("storage")) or {}
+            path = storage.get("path")
+            if not path or meta.get("deletionTimestamp"):
+                continue
+            same = (str(raw.get("kind")), str(meta.get("namespace") or ""), str(meta.get("name"))) == (
+                ref.kind.value,
+                ref.namespace,
+                ref.name,
+            )
+            if same and new_target is None:
+                continue
+            try:
+                _, resolved = self.ctx.layout.confine(path)
+            except PathRefused:
+                continue
+            if resolved == dest and not same:
+                return True
+        return False
+
+    def _quarantine(self, manifest: Manifest, reason: str) -> None:
+        ctx = self.ctx
+        try:
+            root = ctx.layout.root_of(Path(manifest.dest))
+        except PathRefused:
+            log.error("refusing to quarantine a path outside the roots", dest=manifest.dest)
+            return
+        entry = ctx.trash.quarantine(manifest, root, reason)
+        if entry is not None:
+            ctx.metrics.quarantined.inc()
+            log.info("weights quarantined", key=manifest.key, dest=manifest.dest, trash=str(entry.directory))
+
+    async def _act(self, candidate: Candidate, confirmation: Confirmation, reserved: bool) -> None:
+        ctx = self.ctx
+        ref = candidate.ref
+        await ctx.fetcher.cancel(ref.key)
+        ctx.fetcher.clear_failure(ref.key)
+        manifest = candidate.manifest
+        kept = ""
+        if manifest is not None and manifest.owned:
+            if reserved:
+                kept = " (weights kept: reserve-model-artifact)"
+            elif self._needed_elsewhere(ref, Path(manifest.dest)):
+                kept = " (weights kept: another model uses the same path)"
+            else:
+                self._quarantine(manifest, candidate.why)
+        for root in ctx.layout.roots:
+            shutil.rmtree(root.staging / token_for(ref.key), ignore_errors=True)
+        await ctx.labels.ensure(ref.label_key, None)
+        await ctx.configmap.ensure(ref.configmap_key, None)
+        ctx.manifests.delete(ref.key)
+        ctx.events.emit(
+            self._ref_for_event(ref, candidate, confirmation),
+            NORMAL,
+            "Removed",
+            f"removed from node {ctx.node_name} after {confirmation.outcome.value} ({candidate.why}){kept}",
+        )
+        log.info("model removed", key=ref.key, outcome=confirmation.outcome.value, why=candidate.why)
+
+
+def _wants(live: dict[str, Any] | None, storage_uri: str, dest: str) -> bool:
+    storage = ((live or {}).get("spec") or {}).get("storage") or {}
+    return bool(storage.get("storageUri") == storage_uri and (storage.get("path") or "") == dest)

@@ -1,0 +1,326 @@
+"""The agent process: wires watching → queueing → processing, and shuts it down in order.
+
+Layers (each in its own module):
+
+* watching — four reflectors: BaseModels, ClusterBaseModels, this node's Node and this node's ConfigMap
+  (both by field selector, so their watches carry one object each). Their change handlers only enqueue
+  model keys: a model change enqueues that model; a change of the Node's labels, or of the ConfigMap's
+  data, enqueues the models it concerns (that is how relabelling re-evaluates selection without a restart,
+  and how a label or entry changed by someone else is repaired);
+* queueing — one :class:`~model_agent.kube.workqueue.WorkQueue` of model keys (``Kind/namespace/name``);
+* processing — ``workers`` tasks running :meth:`Reconciler.reconcile`, and the fetcher pool beside them.
+
+Nothing is reconciled before every cache has synced once (an empty cache would make every local record
+look orphaned; confirmation would save the weights, but the churn is pointless). A periodic resync
+enqueues every known key; a periodic purge empties expired trash.
+
+Shutdown order (DESIGN.md §3): stop the reflectors; drain the queue briefly and stop the workers; stop the
+fetcher pool (partial downloads stay for resume); flush events; close the API client.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+import time
+import zlib
+from typing import Any
+
+import structlog
+
+from model_agent.agent.breaker import Breaker
+from model_agent.agent.fetcher import Fetcher
+from model_agent.agent.node_configmap import NodeConfigMap
+from model_agent.agent.node_labels import NodeLabels
+from model_agent.agent.reconciler import Context, Reconciler
+from model_agent.agent.removal import RemovalContext, Remover
+from model_agent.agent.requeue import Requeue
+from model_agent.agent.settings import Settings
+from model_agent.kube.client import ApiError, ApiUnavailable, KubeClient
+from model_agent.kube.reflector import Reflector
+from model_agent.kube.resources import BASEMODELS, CLUSTERBASEMODELS, CONFIGMAPS, NODES
+from model_agent.kube.store import Change
+from model_agent.kube.workqueue import ShutDown, WorkQueue
+from model_agent.local.layout import Layout
+from model_agent.local.manifest import ManifestStore
+from model_agent.local.trash import Trash
+from model_agent.model.keys import ModelKind, parse_configmap_key
+from model_agent.model.resources import ModelRef
+from model_agent.ops.events import WARNING, EventRecorder, ObjectRef
+from model_agent.ops.metrics import Metrics
+from model_agent.sources.hf import HuggingFaceSource
+
+log = structlog.get_logger(__name__)
+
+SHUTDOWN_DRAIN_S = 3.0
+
+
+class Agent:
+    def __init__(self, settings: Settings, client: KubeClient) -> None:
+        self.settings = settings
+        self.client = client
+        self.metrics = Metrics()
+        client.observers.append(self.metrics.observe_api)
+        self.layout = Layout(settings.models_root_dir, list(settings.allowed_roots))
+        self.manifests = ManifestStore(self.layout)
+        self.trash = Trash(self.layout)
+        self.queue: WorkQueue[str] = WorkQueue(
+            "models",
+            on_wait=lambda _k, s: self.metrics.queue_latency.observe(s),
+            on_processed=lambda _k, s: self.metrics.reconcile_duration.observe(s),
+        )
+        node = settings.node_name
+        self.models = {
+            ModelKind.BASE_MODEL.value: Reflector(client, BASEMODELS, self._on_model_change),
+            ModelKind.CLUSTER_BASE_MODEL.value: Reflector(client, CLUSTERBASEMODELS, self._on_model_change),
+        }
+        self.node = Reflector(client, NODES, self._on_node_change, field_selector=f"metadata.name={node}")
+        self.configmap = Reflector(
+            client,
+            CONFIGMAPS,
+            self._on_configmap_change,
+            namespace=settings.namespace,
+            field_selector=f"metadata.name={node}",
+        )
+        self.reflectors = [*self.models.values(), self.node, self.configmap]
+        for reflector in self.reflectors:
+            reflector.on_relist = lambda name: self.metrics.relists.labels(name).inc()
+        self.events = EventRecorder(client, host=node)
+        self.labels = NodeLabels(client, node, lambda: self.node.store.get(node), attempts=settings.node_label_retry)
+        self.node_configmap = NodeConfigMap(client, settings.namespace, node, lambda: self.configmap.store.get(node))
+        self.fetcher = Fetcher(settings.num_download_worker, self.queue.add)
+        self.breaker = Breaker(
+            ratio=settings.delete_breaker_ratio,
+            minimum=settings.delete_breaker_min,
+            window_s=settings.delete_breaker_window_s,
+            settle_s=settings.delete_settle_s,
+            resume_file=self.layout.primary.private / "resume",
+        )
+        self.breaker.on_change = self._on_breaker_change
+        self.remover = Remover(
+            RemovalContext(
+                client=client,
+                node_name=node,
+                layout=self.layout,
+                manifests=self.manifests,
+                trash=self.trash,
+                labels=self.labels,
+                configmap=self.node_configmap,
+                fetcher=self.fetcher,
+                events=self.events,
+                metrics=self.metrics,
+                breaker=self.breaker,
+                cached_models=self._cached_models,
+                confirm_deadline_s=settings.confirm_timeout_s,
+            )
+        )
+        self.reconciler = Reconciler(
+            Context(
+                client=client,
+                node_name=node,
+                namespace=settings.namespace,
+                layout=self.layout,
+                manifests=self.manifests,
+                trash=self.trash,
+                labels=self.labels,
+                configmap=self.node_configmap,
+                fetcher=self.fetcher,
+                events=self.events,
+                metrics=self.metrics,
+                remover=self.remover,
+                hf=HuggingFaceSource(settings.hf_endpoint),
+                models_store={kind: r.store for kind, r in self.models.items()},
+                requeue_after=self._requeue_after,
+            )
+        )
+        self._tasks: list[asyncio.Task[None]] = []
+        self._workers: list[asyncio.Task[None]] = []
+        self.started = asyncio.Event()
+        self.last_loop_tick = time.monotonic()
+
+    # --------------------------------------------------------------------------------- event handlers
+
+    def _on_model_change(self, change: Change, _source: str) -> None:
+        obj = change.new or change.old or {}
+        kind = str(obj.get("kind") or "")
+        meta = obj.get("metadata") or {}
+        try:
+            ref = ModelRef(ModelKind(kind), str(meta.get("namespace") or ""), str(meta.get("name") or ""))
+        except ValueError:
+            return
+        self.queue.add(ref.key)
+
+    def _on_node_change(self, change: Change, _source: str) -> None:
+        old = ((change.old or {}).get("metadata") or {}).get("labels") or {}
+        new = ((change.new or {}).get("metadata") or {}).get("labels") or {}
+        if old != new:
+            self.enqueue_all()
+
+    def _on_configmap_change(self, change: Change, _source: str) -> None:
+        old = (change.old or {}).get("data") or {}
+        new = (change.new or {}).get("data") or {}
+        identity_lost = change.new is None or (
+            ((change.new.get("metadata") or {}).get("labels") or {})
+            != ((change.old or {}).get("metadata") or {}).get("labels")
+        )
+        if identity_lost:
+            self.enqueue_all()
+            return
+        for key in set(old) | set(new):
+            if old.get(key) != new.get(key):
+                ref = _ref_from_configmap_key(key)
+                if ref is not None:
+                    self.queue.add(ref.key)
+
+    def _on_breaker_change(self, opened: bool, message: str) -> None:
+        self.metrics.breaker_open.set(1 if opened else 0)
+        if opened:
+            self.metrics.breaker_trips.inc()
+        node = self.node.store.get(self.settings.node_name) or {
+            "kind": "Node",
+            "apiVersion": "v1",
+            "metadata": {"name": self.settings.node_name},
+        }
+        self.events.emit(ObjectRef.of(node), WARNING, "DeleteBreakerOpen" if opened else "DeleteBreakerClosed", message)
+        log.warning("delete breaker", open=opened, message=message)
+
+    def _requeue_after(self, key: str, delay_s: float) -> None:
+        if delay_s <= 0:
+            self.queue.add(key)
+        else:
+            self.queue.add_after(key, delay_s)
+
+    def _cached_models(self) -> list[dict[str, Any]]:
+        return [obj for r in self.models.values() for obj in r.store.values()]
+
+    def known_keys(self) -> set[str]:
+        keys: set[str] = set()
+        for obj in self._cached_models():
+            meta = obj.get("metadata") or {}
+            with contextlib.suppress(ValueError):
+                keys.add(
+                    ModelRef(
+                        ModelKind(str(obj.get("kind"))),
+                        str(meta.get("namespace") or ""),
+                        str(meta.get("name")),
+                    ).key
+                )
+        keys.update(m.key for m in self.manifests.all())
+        for cm_key in self.node_configmap.data():
+            ref = _ref_from_configmap_key(cm_key)
+            if ref is not None:
+                keys.add(ref.key)
+        return keys
+
+    def enqueue_all(self) -> None:
+        if not self.started.is_set():
+            return
+        for key in self.known_keys():
+            self.queue.add(key)
+
+    # ------------------------------------------------------------------------------------- lifecycle
+
+    async def start(self) -> None:
+        self.layout.ensure()
+        if self.settings.startup_jitter_s > 0:
+            # Deterministic per node, so a DaemonSet restart spreads its LISTs across the fleet.
+            spread = zlib.crc32(self.settings.node_name.encode()) % 1000 / 1000 * self.settings.startup_jitter_s
+            await asyncio.sleep(spread)
+        for reflector in self.reflectors:
+            self._tasks.append(asyncio.create_task(reflector.run(), name=f"reflector {reflector.name}"))
+        await asyncio.gather(*(r.synced.wait() for r in self.reflectors))
+        if self.node.store.get(self.settings.node_name) is None:
+            log.error("this agent's Node does not exist", node=self.settings.node_name)
+        self.started.set()
+        for i in range(self.settings.workers):
+            self._workers.append(asyncio.create_task(self._worker(), name=f"worker {i}"))
+        self._tasks.append(
+            asyncio.create_task(self._periodic(self.settings.resync_interval_s, self.enqueue_all), name="resync")
+        )
+        self._tasks.append(
+            asyncio.create_task(
+                self._periodic(min(60.0, max(1.0, self.settings.trash_grace_s / 10)), self._purge),
+                name="purge",
+            )
+        )
+        self._tasks.append(asyncio.create_task(self._tick(), name="loop tick"))
+        self.enqueue_all()
+        log.info("agent started", node=self.settings.node_name, models=len(self.known_keys()))
+
+    async def _tick(self) -> None:
+        while True:
+            self.last_loop_tick = time.monotonic()
+            self.metrics.queue_depth.set(self.queue.depth + self.queue.delayed_count)
+            await asyncio.sleep(1.0)
+
+    async def _periodic(self, interval_s: float, fn: Any) -> None:
+        rng = random.Random()
+        while True:
+            await asyncio.sleep(interval_s * (0.9 + 0.2 * rng.random()))
+            try:
+                fn()
+            except Exception:
+                log.exception("periodic task failed")
+
+    def _purge(self) -> None:
+        if self.breaker.is_open:
+            return  # a held mass removal must stay recoverable
+        for entry in self.trash.purge_expired(self.settings.trash_grace_s):
+            self.metrics.purged.inc()
+            log.info("trash purged", key=entry.manifest.key, dest=entry.manifest.dest)
+
+    async def _worker(self) -> None:
+        while True:
+            try:
+                key = await self.queue.get()
+            except ShutDown:
+                return
+            try:
+                await self.reconciler.reconcile(key)
+                self.queue.forget(key)
+            except Requeue as exc:
+                if exc.delay_s is None:
+                    self.queue.add_rate_limited(key)
+                else:
+                    self.queue.add_after(key, exc.delay_s)
+            except (ApiError, ApiUnavailable) as exc:
+                delay = self.queue.add_rate_limited(key)
+                log.warning("reconcile failed; retrying", key=key, error=str(exc), retry_in=round(delay, 1))
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("reconcile crashed; retrying", key=key)
+                self.queue.add_rate_limited(key)
+            finally:
+                self.queue.done(key)
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._tasks.clear()
+        drained = await self.queue.shutdown_with_drain(SHUTDOWN_DRAIN_S)
+        if not drained:
+            log.info("stopping with work in flight; it resumes from local state on restart")
+        for task in self._workers:
+            task.cancel()
+        await asyncio.gather(*self._workers, return_exceptions=True)
+        self._workers.clear()
+        await self.fetcher.stop()
+        await self.events.close()
+
+    # ----------------------------------------------------------------------------------- health
+
+    def synced(self) -> bool:
+        return all(r.synced.is_set() for r in self.reflectors)
+
+
+def _ref_from_configmap_key(key: str) -> ModelRef | None:
+    parsed = parse_configmap_key(key)
+    if parsed is None:
+        return None
+    try:
+        return ModelRef(ModelKind(parsed.kind), parsed.namespace, parsed.name)
+    except ValueError:
+        return None

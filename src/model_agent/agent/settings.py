@@ -1,0 +1,58 @@
+"""Agent configuration: OME's flags and environment, plus this project's safety knobs.
+
+Values come from command-line flags (``model-agent run --help``); every flag also reads an environment
+variable (``MODEL_AGENT_<FLAG>``), which fixes OME's "env is ignored except LOG_LEVEL" quirk. ``NODE_NAME``
+is required (downward API ``spec.nodeName``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import Field, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="MODEL_AGENT_", frozen=True, extra="ignore")
+
+    node_name: str = Field(default="", validation_alias="NODE_NAME")
+    models_root_dir: Path = Path("/mnt/models")
+    allowed_roots: list[Path] = Field(default_factory=list)
+    namespace: str = "ome"
+    port: int = 8080
+    num_download_worker: int = 5
+    download_retry: int = 3
+    node_label_retry: int = 5
+    concurrency: int = 4
+    multipart_concurrency: int = 4
+    log_level: str = Field(default="info", validation_alias="LOG_LEVEL")
+    kubeconfig: Path | None = None
+    hf_endpoint: str | None = Field(default=None, validation_alias="HF_ENDPOINT")
+
+    # safety
+    confirm_timeout_s: float = 10.0
+    trash_grace_s: float = 3600.0
+    delete_breaker_ratio: float = 0.5
+    delete_breaker_min: int = 3
+    delete_breaker_window_s: float = 600.0
+    delete_settle_s: float = 5.0
+
+    # drift and load
+    resync_interval_s: float = 300.0
+    workers: int = 4
+    startup_jitter_s: float = 0.0
+
+    @field_validator("node_name")
+    @classmethod
+    def _node_name(cls, value: str) -> str:
+        if not value:
+            raise ValueError("NODE_NAME must be set (the Kubernetes node this agent runs on)")
+        return value
+
+    @field_validator("num_download_worker", "workers", "node_label_retry", "download_retry")
+    @classmethod
+    def _positive(cls, value: int) -> int:
+        if value < 1:
+            raise ValueError("must be at least 1")
+        return value

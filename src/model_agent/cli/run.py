@@ -1,0 +1,132 @@
+"""``model-agent run``: the node agent itself (what the DaemonSet runs).
+
+Flags are OME's (same names and defaults) plus this project's safety knobs; each also reads
+``MODEL_AGENT_<NAME>`` from the environment. SIGTERM/SIGINT stop it in order within a few seconds; partial
+downloads are kept for resume. Exit codes: 0 after a clean stop, 2 for bad configuration.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import structlog
+import typer
+from pydantic import ValidationError
+
+from model_agent.agent.runtime import Agent
+from model_agent.agent.settings import Settings
+from model_agent.kube.client import KubeClient
+from model_agent.ops import logging as agent_logging
+from model_agent.ops.http import HealthServer, HealthSources
+
+log = structlog.get_logger(__name__)
+
+Opt = typer.Option
+
+
+def run(
+    models_root_dir: Annotated[
+        Path | None, Opt(help="Host directory holding the models (OME default /mnt/models).")
+    ] = None,
+    allowed_root: Annotated[
+        list[Path] | None, Opt(help="Another directory model paths may live in (repeatable).")
+    ] = None,
+    node_name: Annotated[str | None, Opt(help="This node's name; NODE_NAME wins when set (as in OME).")] = None,
+    namespace: Annotated[str | None, Opt(help="Namespace of the per-node ConfigMap (default ome).")] = None,
+    port: Annotated[int | None, Opt(help="Port for /metrics, /healthz, /livez, /readyz (default 8080).")] = None,
+    num_download_worker: Annotated[int | None, Opt(help="Downloads running at once (default 5).")] = None,
+    download_retry: Annotated[int | None, Opt(help="Whole-model attempts for object storage (default 3).")] = None,
+    node_label_retry: Annotated[int | None, Opt(help="Attempts per node-label write (default 5).")] = None,
+    concurrency: Annotated[int | None, Opt(help="Files fetched in parallel within one model (default 4).")] = None,
+    multipart_concurrency: Annotated[int | None, Opt(help="Ranged parts in flight per large file (default 4).")] = None,
+    log_level: Annotated[str | None, Opt(help="debug, info, warning or error (env LOG_LEVEL).")] = None,
+    kubeconfig: Annotated[Path | None, Opt(help="Kubeconfig file (default: in-cluster, then KUBECONFIG).")] = None,
+    confirm_timeout: Annotated[float | None, Opt(help="Deadline of a confirmation read, seconds (default 10).")] = None,
+    trash_grace: Annotated[float | None, Opt(help="Seconds quarantined weights are kept (default 3600).")] = None,
+    delete_breaker_ratio: Annotated[
+        float | None, Opt(help="Share of models whose removal trips the breaker (0.5).")
+    ] = None,
+    delete_breaker_min: Annotated[int | None, Opt(help="Minimum removals that trip the breaker (3).")] = None,
+    delete_breaker_window: Annotated[float | None, Opt(help="Breaker window, seconds (600).")] = None,
+    delete_settle: Annotated[float | None, Opt(help="Seconds a confirmed removal waits before acting (5).")] = None,
+    resync_interval: Annotated[float | None, Opt(help="Seconds between full drift passes (300).")] = None,
+    workers: Annotated[int | None, Opt(help="Reconcile workers (4).")] = None,
+    startup_jitter: Annotated[float | None, Opt(help="Max start-up delay, spread by node name (0).")] = None,
+) -> None:
+    """Run the node agent: watch models, fetch weights, label the Node, keep the ConfigMap."""
+    given: dict[str, Any] = {
+        "models_root_dir": models_root_dir,
+        "allowed_roots": allowed_root,
+        "namespace": namespace,
+        "port": port,
+        "num_download_worker": num_download_worker,
+        "download_retry": download_retry,
+        "node_label_retry": node_label_retry,
+        "concurrency": concurrency,
+        "multipart_concurrency": multipart_concurrency,
+        "kubeconfig": kubeconfig,
+        "confirm_timeout_s": confirm_timeout,
+        "trash_grace_s": trash_grace,
+        "delete_breaker_ratio": delete_breaker_ratio,
+        "delete_breaker_min": delete_breaker_min,
+        "delete_breaker_window_s": delete_breaker_window,
+        "delete_settle_s": delete_settle,
+        "resync_interval_s": resync_interval,
+        "workers": workers,
+        "startup_jitter_s": startup_jitter,
+    }
+    kwargs = {k: v for k, v in given.items() if v is not None}
+    if not os.environ.get("NODE_NAME") and node_name:
+        kwargs["NODE_NAME"] = node_name
+    if log_level:
+        kwargs["LOG_LEVEL"] = log_level
+    try:
+        settings = Settings(**kwargs)
+        agent_logging.configure(settings.log_level)
+    except (ValidationError, ValueError) as exc:
+        typer.echo(f"error: invalid configuration: {exc}", err=True)
+        raise typer.Exit(code=2) from None
+    code = asyncio.run(_main(settings))
+    sys.stdout.flush()
+    # Worker threads may still be writing a file into staging; it is resumed on restart. Do not wait.
+    os._exit(code)
+
+
+async def _main(settings: Settings) -> int:
+    client = await KubeClient.connect(settings.kubeconfig)
+    agent = Agent(settings, client)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    health = HealthServer(
+        HealthSources(
+            client=client,
+            metrics=agent.metrics,
+            reflectors=agent.reflectors,
+            roots=[str(r.path) for r in agent.layout.roots],
+            loop_tick=lambda: agent.last_loop_tick,
+            synced=agent.synced,
+        ),
+        "0.0.0.0",
+        settings.port,
+    )
+    await health.start()
+    starting = asyncio.create_task(agent.start())
+    stopper = asyncio.create_task(stop.wait())
+    await asyncio.wait({starting, stopper}, return_when=asyncio.FIRST_COMPLETED)
+    if not starting.done():
+        starting.cancel()
+    else:
+        await stop.wait()
+    log.info("stopping")
+    await agent.stop()
+    await health.stop()
+    await client.close()
+    log.info("stopped")
+    return 0

@@ -1,0 +1,165 @@
+"""Manifests: the agent's durable record of each model it holds on this node.
+
+A manifest is written only after every file of a fetch was verified, fsynced and renamed into place, so
+its existence means "these exact bytes were complete and verified at publish time". It records the model
+identity (key and UID), the source (URI and resolved revision), the destination, whether the agent owns
+the files (it fetched them, so it may quarantine them), every file with size, hash and mtime, and the
+metadata parsed from the files (so a restart needs no re-parse).
+
+Contract: writes are atomic (temp file, fsync, rename, fsync of the directory); a garbled manifest reads as
+absent-with-a-problem, never as an exception out of :meth:`ManifestStore.load`. A fast check compares size
+and mtime of every recorded file with the disk (no hashing); full verification re-hashes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import time
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from model_agent.local.layout import Layout, Root, token_for
+
+MANIFEST_VERSION = 1
+
+
+@dataclass(frozen=True)
+class FileRecord:
+    path: str  # relative, posix
+    size: int
+    sha256: str | None = None
+    git_sha1: str | None = None
+    mtime_ns: int = 0
+
+
+@dataclass
+class Manifest:
+    key: str
+    uid: str
+    storage_uri: str
+    dest: str
+    revision: str = ""
+    generation: int = 0
+    source_type: str = ""
+    owned: bool = True
+    files: list[FileRecord] = field(default_factory=list)
+    metadata: dict[str, Any] | None = None
+    published_at: float = 0.0
+    verified_at: float = 0.0
+    version: int = MANIFEST_VERSION
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(f.size for f in self.files)
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), sort_keys=True, indent=1)
+
+    @classmethod
+    def from_json(cls, text: str) -> Manifest:
+        raw = json.loads(text)
+        files = [FileRecord(**f) for f in raw.pop("files", [])]
+        return cls(files=files, **raw)
+
+    def fast_check(self) -> list[str]:
+        """Problems found by stat alone (missing file, size or mtime changed); empty when intact."""
+        problems: list[str] = []
+        dest = Path(self.dest)
+        for f in self.files:
+            try:
+                st = (dest / f.path).stat()
+            except OSError:
+                problems.append(f"{f.path}: missing")
+                continue
+            if st.st_size != f.size:
+                problems.append(f"{f.path}: size {st.st_size} != {f.size}")
+            elif f.mtime_ns and st.st_mtime_ns != f.mtime_ns:
+                problems.append(f"{f.path}: modified")
+        return problems
+
+
+def file_digest(path: Path, chunk: int = 8 * 1024 * 1024) -> tuple[str, str]:
+    """(sha256, git blob sha1) of one file, read once."""
+    sha = hashlib.sha256()
+    size = path.stat().st_size
+    git = hashlib.sha1(f"blob {size}\0".encode(), usedforsecurity=False)
+    with path.open("rb") as fh:
+        while block := fh.read(chunk):
+            sha.update(block)
+            git.update(block)
+    return sha.hexdigest(), git.hexdigest()
+
+
+def fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_atomic(path: Path, data: bytes) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    with tmp.open("wb") as fh:
+        fh.write(data)
+        fh.flush()
+        os.fsync(fh.fileno())
+    tmp.replace(path)
+    fsync_dir(path.parent)
+
+
+class ManifestStore:
+    """All manifests across the allowed roots, addressed by model key."""
+
+    def __init__(self, layout: Layout) -> None:
+        self.layout = layout
+        self.problems: dict[str, str] = {}  # file -> why it could not be read
+
+    def _file(self, root: Root, key: str) -> Path:
+        return root.manifests / f"{token_for(key)}.json"
+
+    def load(self, key: str) -> Manifest | None:
+        for root in self.layout.roots:
+            path = self._file(root, key)
+            if path.exists():
+                return self._read(path)
+        return None
+
+    def _read(self, path: Path) -> Manifest | None:
+        try:
+            manifest = Manifest.from_json(path.read_text())
+        except (OSError, ValueError, TypeError, KeyError) as exc:
+            self.problems[str(path)] = f"unreadable manifest: {exc}"
+            return None
+        self.problems.pop(str(path), None)
+        return manifest
+
+    def save(self, manifest: Manifest, root: Root) -> None:
+        for other in self.layout.roots:  # a model moved between roots keeps one record
+            if other != root:
+                with contextlib.suppress(FileNotFoundError):
+                    self._file(other, manifest.key).unlink()
+        if not manifest.published_at:
+            manifest.published_at = time.time()
+        write_atomic(self._file(root, manifest.key), manifest.to_json().encode())
+
+    def delete(self, key: str) -> None:
+        for root in self.layout.roots:
+            path = self._file(root, key)
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
+                fsync_dir(path.parent)
+
+    def all(self) -> Iterator[Manifest]:
+        for root in self.layout.roots:
+            if not root.manifests.is_dir():
+                continue
+            for path in sorted(root.manifests.glob("*.json")):
+                manifest = self._read(path)
+                if manifest is not None:
+                    yield manifest

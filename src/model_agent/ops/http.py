@@ -1,0 +1,125 @@
+"""The agent's HTTP endpoints on ``--port``: ``/metrics``, ``/healthz``, ``/livez``, ``/readyz``.
+
+Unlike OME's (whose liveness always succeeds), every check here can fail:
+
+* ``/livez`` — the event loop ticks (a blocked loop cannot answer at all; a starved one shows a stale tick)
+  and every reflector made progress (an event, a bookmark or a successful list) within ``stale_after_s``;
+* ``/readyz`` — every cache has synced once;
+* ``/healthz`` (and ``/healthz/model-agent-health``) — each models root exists, is a directory and is
+  writable, and the API server answered within the last ``api_fresh_s`` (checked with ``/version``).
+
+Add ``?verbose`` for one line per check. Failures answer HTTP 500.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from aiohttp import web
+
+from model_agent.kube.client import ApiError, ApiUnavailable, KubeClient
+from model_agent.kube.reflector import Reflector
+from model_agent.ops.metrics import Metrics
+
+Check = Callable[[], "str | None"]  # None: ok; a string: why it failed
+
+
+@dataclass
+class HealthSources:
+    client: KubeClient
+    metrics: Metrics
+    reflectors: list[Reflector]
+    roots: list[str]
+    loop_tick: Callable[[], float]
+    synced: Callable[[], bool]
+    stale_after_s: float = 900.0
+    api_fresh_s: float = 30.0
+
+
+class HealthServer:
+    def __init__(self, sources: HealthSources, host: str, port: int) -> None:
+        self.s = sources
+        self.host = host
+        self.port = port
+        self._runner: web.AppRunner | None = None
+        self._api_ok_at = 0.0
+
+    def app(self) -> web.Application:
+        app = web.Application()
+        app.router.add_get("/metrics", self._metrics)
+        app.router.add_get("/livez", self._livez)
+        app.router.add_get("/livez/ping", self._livez)
+        app.router.add_get("/readyz", self._readyz)
+        app.router.add_get("/healthz", self._healthz)
+        app.router.add_get("/healthz/model-agent-health", self._healthz)
+        return app
+
+    async def start(self) -> None:
+        self._runner = web.AppRunner(self.app(), access_log=None)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, self.host, self.port)
+        await site.start()
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+
+    async def _metrics(self, _req: web.Request) -> web.Response:
+        return web.Response(body=self.s.metrics.render(), content_type="text/plain", charset="utf-8")
+
+    @staticmethod
+    def _answer(req: web.Request, checks: list[tuple[str, str | None]], name: str) -> web.Response:
+        failed = [(n, why) for n, why in checks if why is not None]
+        verbose = "verbose" in req.query
+        lines = [f"[{'-' if why else '+'}]{n} {'failed: ' + why if why else 'ok'}" for n, why in checks]
+        if failed:
+            body = "\n".join(lines) + f"\n{name} check failed\n"
+            return web.Response(status=500, text=body)
+        return web.Response(text=("\n".join(lines) + f"\n{name} check passed\n") if verbose else "ok")
+
+    async def _livez(self, req: web.Request) -> web.Response:
+        now = time.monotonic()
+        checks: list[tuple[str, str | None]] = [
+            (
+                "event-loop",
+                None if now - self.s.loop_tick() < 10 else f"last tick {now - self.s.loop_tick():.0f}s ago",
+            )
+        ]
+        for r in self.s.reflectors:
+            idle = now - r.last_progress
+            checks.append(
+                (
+                    f"reflector-{r.name}",
+                    None if idle < self.s.stale_after_s else f"no progress for {idle:.0f}s",
+                )
+            )
+        return self._answer(req, checks, "livez")
+
+    async def _readyz(self, req: web.Request) -> web.Response:
+        checks = [(f"cache-{r.name}", None if r.synced.is_set() else "not synced yet") for r in self.s.reflectors]
+        return self._answer(req, checks, "readyz")
+
+    async def _healthz(self, req: web.Request) -> web.Response:
+        checks: list[tuple[str, str | None]] = []
+        for root in self.s.roots:
+            why = None
+            if not os.path.isdir(root):  # noqa: ASYNC240 - one stat, cheaper than a thread hop
+                why = f"{root} is not a directory"
+            elif not os.access(root, os.W_OK):
+                why = f"{root} is not writable"
+            checks.append(("model-agent-health", why))
+        checks.append(("api-server", await self._api_check()))
+        return self._answer(req, checks, "healthz")
+
+    async def _api_check(self) -> str | None:
+        if time.monotonic() - self._api_ok_at < self.s.api_fresh_s:
+            return None
+        try:
+            await self.s.client.request("GET", "/version", timeout=3)
+        except (ApiError, ApiUnavailable) as exc:
+            return str(exc)[:200]
+        self._api_ok_at = time.monotonic()
+        return None

@@ -1,0 +1,97 @@
+"""Prometheus metrics: OME's names, types and labels (spec 11.1), plus this project's safety metrics.
+
+One :class:`Metrics` object owns a private registry (tests create as many agents as they like in one
+process without name clashes); ``/metrics`` serves that registry. Label values follow OME: ``model_type``
+is ``BaseModel``/``ClusterBaseModel``, ``namespace`` is empty for cluster models.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.exposition import generate_latest
+
+MODEL_LABELS = ("model_type", "namespace", "name")
+_DURATION_BUCKETS = tuple(0.1 * 2**k for k in range(10))
+_WAIT_BUCKETS = tuple(float(2**k) for k in range(10))
+_LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+
+
+class Metrics:
+    def __init__(self) -> None:
+        r = self.registry = CollectorRegistry()
+        # --- OME's metrics (names are a compatibility contract)
+        self.downloads_success = Counter(
+            "model_agent_downloads_success", "Successful model downloads", MODEL_LABELS, registry=r
+        )
+        self.downloads_failed = Counter(
+            "model_agent_downloads_failed", "Failed model downloads", MODEL_LABELS, registry=r
+        )
+        self.verifications = Counter(
+            "model_agent_verifications", "Model verifications", (*MODEL_LABELS, "result"), registry=r
+        )
+        self.md5_failed = Counter("model_agent_md5_checksum_failed", "MD5 checksum failures", MODEL_LABELS, registry=r)
+        self.rate_limit = Counter("model_agent_rate_limit", "Rate-limited downloads", MODEL_LABELS, registry=r)
+        self.download_duration = Histogram(
+            "model_agent_download_duration_seconds",
+            "Download duration",
+            MODEL_LABELS,
+            buckets=_DURATION_BUCKETS,
+            registry=r,
+        )
+        self.verification_duration = Histogram(
+            "model_agent_verification_duration_seconds",
+            "Verification duration",
+            buckets=_DURATION_BUCKETS,
+            registry=r,
+        )
+        self.download_bytes = Counter("model_agent_download_bytes", "Bytes downloaded", MODEL_LABELS, registry=r)
+        self.rate_limit_wait = Histogram(
+            "model_agent_rate_limit_wait_seconds",
+            "Time waited because of rate limits",
+            MODEL_LABELS,
+            buckets=_WAIT_BUCKETS,
+            registry=r,
+        )
+        # --- this project's
+        self.confirmations = Counter(
+            "model_agent_delete_confirmations",
+            "Live-read confirmations of a removal candidate, by outcome",
+            ("outcome",),
+            registry=r,
+        )
+        self.quarantined = Counter("model_agent_quarantined", "Models moved to the trash", registry=r)
+        self.restored = Counter("model_agent_restored", "Models restored from the trash", registry=r)
+        self.purged = Counter("model_agent_purged", "Trash entries purged", registry=r)
+        self.breaker_open = Gauge("model_agent_delete_breaker_open", "1 while destructive acts are held", registry=r)
+        self.breaker_trips = Counter("model_agent_delete_breaker_trips", "Times the breaker opened", registry=r)
+        self.drift_repairs = Counter(
+            "model_agent_drift_repairs", "Labels/entries/files repaired", ("what",), registry=r
+        )
+        self.models = Gauge("model_agent_models", "Models on this node by state", ("state",), registry=r)
+        self.queue_depth = Gauge("model_agent_workqueue_depth", "Keys waiting in the work queue", registry=r)
+        self.queue_latency = Histogram(
+            "model_agent_workqueue_wait_seconds", "Time a key waited before processing", registry=r
+        )
+        self.reconcile_duration = Histogram(
+            "model_agent_reconcile_duration_seconds", "Time to reconcile one key", registry=r
+        )
+        self.relists = Counter("model_agent_relists", "Full LISTs by resource", ("resource",), registry=r)
+        self.api_latency = Histogram(
+            "model_agent_api_request_duration_seconds",
+            "Kubernetes API request latency",
+            ("verb", "resource", "code"),
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.fetched_bytes = Counter("model_agent_fetched_bytes", "Bytes fetched from sources", registry=r)
+        self.rbac_denied = Counter(
+            "model_agent_rbac_denied", "API requests denied (401/403) by resource", ("resource",), registry=r
+        )
+
+    def observe_api(self, verb: str, resource: str, status: int, seconds: float) -> None:
+        self.api_latency.labels(verb, resource, str(status)).observe(seconds)
+        if status in (401, 403):
+            self.rbac_denied.labels(resource).inc()
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

@@ -1,0 +1,189 @@
+"""``hf://`` — Hugging Face repositories through huggingface_hub.
+
+Steps: resolve the revision to a commit and list every file with its size and hashes (LFS sha256, git blob
+sha1 for small files); reuse files the previous manifest verified at the same path with the same hash and
+that are still intact on disk; download the others into staging with ``hf_hub_download`` pinned to the
+resolved commit (so a branch moving mid-fetch cannot mix revisions; its ``.incomplete`` files resume after
+a restart); verify each against the strongest hash listed; fsync. Publishing is the shared ``publish`` step.
+
+``HF_ENDPOINT`` (or an explicit endpoint) selects the hub or a mirror. Tokens are resolved by the caller.
+Cancellation takes effect between files (a file already in flight finishes into staging and is resumed or
+discarded later); huggingface_hub's blocking calls run in worker threads so the event loop never blocks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from huggingface_hub import HfApi, hf_hub_download
+from huggingface_hub import errors as hf_errors
+from huggingface_hub.hf_api import RepoFile
+
+from model_agent.local.manifest import FileRecord, file_digest
+from model_agent.model.uris import parse_hf_uri
+from model_agent.sources.base import FetchRequest, FetchResult, Progress, SourceError
+
+MAX_PARALLEL_FILES = 4
+METADATA_TIMEOUT_S = 30.0
+
+
+@dataclass(frozen=True)
+class RemoteFile:
+    path: str
+    size: int
+    sha256: str | None
+    git_sha1: str | None
+
+
+def _classify(exc: Exception, repo: str, revision: str) -> SourceError:
+    if isinstance(exc, hf_errors.RevisionNotFoundError):
+        return SourceError("RevisionNotFound", f"revision {revision!r} of {repo} does not exist")
+    if isinstance(exc, hf_errors.GatedRepoError):
+        return SourceError("Unauthorized", f"{repo} is gated: the token has no access")
+    if isinstance(exc, hf_errors.RepositoryNotFoundError):
+        return SourceError("RepositoryNotFound", f"repository {repo} not found (or the token cannot see it)")
+    if isinstance(exc, hf_errors.EntryNotFoundError):
+        return SourceError("FileNotFound", f"{repo}@{revision}: {exc}")
+    if isinstance(exc, hf_errors.HfHubHTTPError):
+        status = exc.response.status_code if exc.response is not None else 0
+        if status == 429:
+            return SourceError("RateLimited", f"the hub rate-limited {repo}: {exc}")
+        if status in (401, 403):
+            return SourceError("Unauthorized", f"{repo}: HTTP {status}")
+        return SourceError("SourceError", f"{repo}: HTTP {status}: {str(exc).splitlines()[0]}")
+    return SourceError("SourceUnreachable", f"{repo}: {type(exc).__name__}: {str(exc)[:300]}")
+
+
+class HuggingFaceSource:
+    def __init__(self, endpoint: str | None = None) -> None:
+        self.endpoint = endpoint or os.environ.get("HF_ENDPOINT") or None
+
+    def _resolve(self, repo: str, revision: str, token: str | None) -> tuple[str, list[RemoteFile]]:
+        """Resolve the revision to a commit, then list every file of that commit with sizes and hashes."""
+        api = HfApi(endpoint=self.endpoint, token=token or False)
+        info = api.model_info(repo, revision=revision, timeout=METADATA_TIMEOUT_S)
+        commit = info.sha or revision
+        files: list[RemoteFile] = []
+        for item in api.list_repo_tree(repo, revision=commit, recursive=True):
+            if not isinstance(item, RepoFile):
+                continue
+            lfs: Any = item.lfs
+            sha256 = getattr(lfs, "sha256", None) if lfs is not None else None
+            # For an LFS file the blob id is the pointer's; only the LFS sha256 describes the content.
+            files.append(RemoteFile(item.path, int(item.size), sha256, None if lfs is not None else item.blob_id))
+        return commit, files
+
+    def _download_one(self, repo: str, commit: str, remote: RemoteFile, staging: Path, token: str | None) -> None:
+        hf_hub_download(
+            repo,
+            remote.path,
+            revision=commit,
+            local_dir=staging,
+            token=token or False,
+            endpoint=self.endpoint,
+        )
+
+    async def fetch(self, request: FetchRequest) -> FetchResult:
+        uri = parse_hf_uri(request.storage_uri)
+        repo, revision, token = uri.repo_id, uri.revision, request.token
+        progress = Progress(phase="scanning")
+        request.on_progress(progress)
+        try:
+            commit, remote_files = await asyncio.to_thread(self._resolve, repo, revision, token)
+        except SourceError:
+            raise
+        except Exception as exc:
+            raise _classify(exc, repo, revision) from exc
+        _refuse_unsafe_paths(repo, remote_files)
+
+        previous = {f.path: f for f in (request.previous.files if request.previous else [])}
+        same_dest = request.previous is not None and Path(request.previous.dest) == request.dest
+        records: list[FileRecord] = []
+        to_fetch: list[RemoteFile] = []
+        for remote in remote_files:
+            old = previous.get(remote.path) if same_dest else None
+            if old is not None and _same_content(old, remote) and _intact(request.dest / remote.path, old):
+                records.append(old)
+            else:
+                to_fetch.append(remote)
+
+        progress.phase = "downloading"
+        progress.total_files = len(remote_files)
+        progress.total_bytes = sum(f.size for f in remote_files)
+        progress.completed_files = len(records)
+        progress.completed_bytes = sum(f.size for f in records)
+        request.on_progress(progress)
+        request.staging.mkdir(parents=True, exist_ok=True)
+
+        gate = asyncio.Semaphore(MAX_PARALLEL_FILES)
+
+        async def one(remote: RemoteFile) -> FileRecord:
+            async with gate:
+                try:
+                    await asyncio.to_thread(self._download_one, repo, commit, remote, request.staging, token)
+                except Exception as exc:
+                    raise _classify(exc, repo, commit) from exc
+                record = await asyncio.to_thread(_verify, request.staging / remote.path, remote)
+                progress.completed_files += 1
+                progress.completed_bytes += remote.size
+                request.on_progress(progress)
+                return record
+
+        fetched = await asyncio.gather(*(one(r) for r in to_fetch))
+        progress.phase = "finalizing"
+        request.on_progress(progress)
+        by_path = {r.path: r for r in [*records, *fetched]}
+        ordered = [by_path[f.path] for f in remote_files]
+        return FetchResult(revision=commit, files=ordered, staged=[r.path for r in to_fetch])
+
+
+def _refuse_unsafe_paths(repo: str, files: list[RemoteFile]) -> None:
+    for f in files:
+        parts = f.path.split("/")
+        if f.path.startswith("/") or any(p in ("", ".", "..") for p in parts) or "\x00" in f.path:
+            raise SourceError("UnsafeFilePath", f"{repo} lists a file with an unsafe path: {f.path!r}", retryable=False)
+
+
+def _same_content(old: FileRecord, remote: RemoteFile) -> bool:
+    if old.size != remote.size:
+        return False
+    if remote.sha256:
+        return old.sha256 == remote.sha256
+    if remote.git_sha1:
+        return old.git_sha1 == remote.git_sha1
+    return False
+
+
+def _intact(path: Path, old: FileRecord) -> bool:
+    try:
+        st = path.stat()
+    except OSError:
+        return False
+    return st.st_size == old.size and (not old.mtime_ns or st.st_mtime_ns == old.mtime_ns)
+
+
+def _verify(path: Path, remote: RemoteFile) -> FileRecord:
+    """Check size and the strongest listed hash; fsync; return the record. Raises VerificationFailed."""
+    try:
+        size = path.stat().st_size
+    except OSError as exc:
+        raise SourceError("VerificationFailed", f"{remote.path}: not written ({exc})") from exc
+    if size != remote.size:
+        raise SourceError("VerificationFailed", f"{remote.path}: size {size}, expected {remote.size}")
+    sha256, git_sha1 = file_digest(path)
+    if remote.sha256 and sha256 != remote.sha256:
+        path.unlink(missing_ok=True)
+        raise SourceError("VerificationFailed", f"{remote.path}: sha256 {sha256} != listed {remote.sha256}")
+    if remote.git_sha1 and git_sha1 != remote.git_sha1:
+        path.unlink(missing_ok=True)
+        raise SourceError("VerificationFailed", f"{remote.path}: git blob {git_sha1} != listed {remote.git_sha1}")
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    return FileRecord(remote.path, size, sha256, git_sha1)
