@@ -671,3 +671,22 @@ class OlahServer:
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         await self.astop()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m model_agent.devenv.olah ensure``: install the pinned olah into its own venv."""
+    args = sys.argv[1:] if argv is None else argv
+    if args != ["ensure"]:
+        print("usage: python -m model_agent.devenv.olah ensure", file=sys.stderr)
+        return 2
+    try:
+        exe = ensure_olah(default_venv_dir())
+    except OlahError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(f"olah {OLAH_VERSION}: {exe}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

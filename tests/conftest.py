@@ -1,0 +1,62 @@
+"""Shared fixtures: one real control plane per test session, one olah mirror per session.
+
+End-to-end tests never skip for a missing component: if the control plane binaries are not cached they
+are built (a cold build takes ~9 minutes on 2 cores), and a failure to build or start fails the tests.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+
+from model_agent.devenv.controlplane import ControlPlane
+from model_agent.devenv.olah import OlahServer
+from model_agent.kube.client import KubeClient
+from tests.support.kube import Kube
+
+_ids = itertools.count(1)
+
+
+@pytest.fixture(scope="session")
+def control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
+    plane = ControlPlane(tmp_path_factory.mktemp("controlplane"))
+    plane.up(["n1", "n2"], echo=print)
+    try:
+        yield plane
+    finally:
+        plane.down()
+
+
+@pytest.fixture(scope="session")
+def kubeconfig(control_plane: ControlPlane) -> Path:
+    return control_plane.kubeconfig
+
+
+@pytest.fixture
+async def kube(kubeconfig: Path) -> AsyncIterator[Kube]:
+    client = await KubeClient.connect(kubeconfig)
+    try:
+        yield Kube(client)
+    finally:
+        await client.close()
+
+
+@pytest.fixture(scope="session")
+def mirrors_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("hf-mirrors")
+
+
+@pytest.fixture(scope="session")
+def olah(mirrors_root: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[OlahServer]:
+    with OlahServer(mirrors_root, tmp_path_factory.mktemp("olah-state")) as server:
+        yield server
+
+
+@pytest.fixture
+def unique() -> str:
+    """A short suffix unique within the session, for node and model names."""
+    return f"{os.getpid() % 1000}-{next(_ids)}"

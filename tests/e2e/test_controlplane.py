@@ -1,0 +1,135 @@
+"""The local control plane: a real kube-apiserver + etcd, its CRDs, a CRD server-side apply, bad input."""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import os
+import signal
+import socket
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from model_agent.cli.main import app
+from model_agent.devenv import controlplane as cp
+from model_agent.kube.client import ApiError, KubeClient
+from model_agent.kube.resources import CLUSTERBASEMODELS, CRDS, NODES
+from tests.support.kube import Kube, cbm
+
+pytestmark = pytest.mark.e2e
+
+
+async def test_version_nodes_and_crds(control_plane: cp.ControlPlane, kube: Kube) -> None:
+    version = await kube.c.request("GET", "/version")
+    assert version["major"] == "1" and version["minor"] == "36", version
+    assert version["gitVersion"] == cp.KUBERNETES_VERSION
+    names = {n["metadata"]["name"] for n in (await kube.c.request("GET", NODES.path()))["items"]}
+    assert {"n1", "n2"} <= names
+    for crd in ("basemodels.ome.io", "clusterbasemodels.ome.io"):
+        obj = await kube.c.request("GET", CRDS.path(name=crd))
+        conditions = {c["type"]: c["status"] for c in obj["status"]["conditions"]}
+        assert conditions.get("Established") == "True", conditions
+
+
+async def test_crd_server_side_apply_ends_the_watch_and_relist_succeeds(kube: Kube, unique: str) -> None:
+    name = f"ssa-{unique}"
+    created = await kube.apply(cbm(name, "hf://acme/tiny", "/mnt/models/x"))
+    uid = created["metadata"]["uid"]
+    listing = await kube.c.request("GET", CLUSTERBASEMODELS.path())
+    rv = listing["metadata"]["resourceVersion"]
+
+    events: list[str] = []
+
+    async def watch() -> str:
+        async for event in kube.c.watch_lines(
+            CLUSTERBASEMODELS.path(),
+            query={"watch": "true", "resourceVersion": rv, "timeoutSeconds": 120},
+            read_timeout=150,
+        ):
+            events.append(str(event.get("type")))
+        return "ended"
+
+    watcher = asyncio.create_task(watch())
+    original = next(d for d in cp.crd_documents() if d["metadata"]["name"] == "clusterbasemodels.ome.io")
+    changed = copy.deepcopy(original)
+    changed["spec"]["versions"][0]["additionalPrinterColumns"].append(
+        {"name": "Extra", "type": "string", "jsonPath": ".spec.vendor"}
+    )
+    try:
+        await cp.apply_crd(kube.c, changed)
+        assert await asyncio.wait_for(watcher, 60) == "ended"
+        assert "DELETED" not in events
+
+        # The relist a reflector would do now: it succeeds and still holds the object with its UID.
+        async def relist() -> dict[str, str]:
+            items = (await kube.c.request("GET", CLUSTERBASEMODELS.path()))["items"]
+            return {i["metadata"]["name"]: i["metadata"]["uid"] for i in items}
+
+        for _ in range(600):
+            try:
+                found = await relist()
+                break
+            except ApiError as exc:  # 429 while the new watch cache initialises
+                assert exc.status in (429, 503), exc
+                await asyncio.sleep(0.05)
+        assert found[name] == uid
+    finally:
+        watcher.cancel()
+        await cp.apply_crd(kube.c, original)
+    await kube.delete_model("ClusterBaseModel", name)
+    for _ in range(200):
+        if await kube.model_gone("ClusterBaseModel", name):
+            break
+        await asyncio.sleep(0.05)
+    assert await kube.model_gone("ClusterBaseModel", name)
+
+
+def test_port_in_use_is_a_one_line_error(tmp_path: Path) -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        result = CliRunner().invoke(app, ["dev", "up", "--state-dir", str(tmp_path / "s"), "--port", str(port)])
+    assert result.exit_code == 2
+    lines = result.output.strip().splitlines()
+    assert lines[-1].startswith("error: port") and "--port" in lines[-1]
+
+
+def test_dev_down_with_nothing_running_exits_0(tmp_path: Path) -> None:
+    result = CliRunner().invoke(app, ["dev", "down", "--state-dir", str(tmp_path / "empty")])
+    assert result.exit_code == 0, result.output
+    assert "nothing running" in result.output
+
+
+def test_missing_go_toolchain_is_a_one_line_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MODEL_AGENT_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("PATH", str(tmp_path / "no-bin"))
+    result = CliRunner().invoke(app, ["dev", "build"])
+    assert result.exit_code == 2
+    line = result.output.strip().splitlines()[-1]
+    assert line.startswith("error: the Go toolchain") and "install" in line
+
+
+async def test_stale_state_dir_from_a_killed_run_is_recovered(tmp_path: Path) -> None:
+    plane = cp.ControlPlane(tmp_path / "stale")
+    state = await asyncio.to_thread(plane.up, ["s1"])
+    os.kill(state.apiserver_pid, signal.SIGKILL)
+    os.kill(state.etcd_pid, signal.SIGKILL)
+    messages: list[str] = []
+    try:
+        await asyncio.to_thread(lambda: plane.up(["s1"], echo=messages.append))
+        assert any("killed run" in m for m in messages), messages
+        client = await KubeClient.connect(plane.kubeconfig)
+        try:
+            node = await client.request("GET", NODES.path(name="s1"))
+            assert node["metadata"]["name"] == "s1"
+        finally:
+            await client.close()
+        # Running already: a second up says so in one line.
+        with pytest.raises(cp.ControlPlaneError, match="already running"):
+            plane.up(["s1"])
+    finally:
+        assert plane.down() is True
+    assert plane.down() is False

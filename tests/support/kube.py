@@ -1,0 +1,114 @@
+"""Test-side helpers over the real API server: models, Nodes, the node ConfigMap, Events."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from model_agent.devenv.controlplane import node_manifest
+from model_agent.kube.client import ApiError, KubeClient
+from model_agent.kube.resources import BASEMODELS, CLUSTERBASEMODELS, CONFIGMAPS, EVENTS, NODES, SECRETS
+
+
+def cbm(name: str, uri: str, path: str | None = None, **storage: Any) -> dict[str, Any]:
+    spec_storage: dict[str, Any] = {"storageUri": uri, **storage}
+    if path is not None:
+        spec_storage["path"] = path
+    return {
+        "apiVersion": "ome.io/v1beta1",
+        "kind": "ClusterBaseModel",
+        "metadata": {"name": name},
+        "spec": {"storage": spec_storage},
+    }
+
+
+def bm(namespace: str, name: str, uri: str, path: str | None = None, **storage: Any) -> dict[str, Any]:
+    body = cbm(name, uri, path, **storage)
+    body["kind"] = "BaseModel"
+    body["metadata"]["namespace"] = namespace
+    return body
+
+
+class Kube:
+    def __init__(self, client: KubeClient) -> None:
+        self.c = client
+
+    async def create_node(self, name: str, labels: dict[str, str] | None = None) -> None:
+        try:
+            await self.c.request("POST", NODES.path(), body=node_manifest(name, labels))
+        except ApiError as exc:
+            if exc.status != 409:
+                raise
+
+    async def node_labels(self, node: str) -> dict[str, str]:
+        obj = await self.c.request("GET", NODES.path(name=node))
+        return dict(obj["metadata"].get("labels") or {})
+
+    async def label_node(self, node: str, labels: dict[str, str | None]) -> None:
+        await self.c.request(
+            "PATCH",
+            NODES.path(name=node),
+            body={"metadata": {"labels": labels}},
+            content_type="application/merge-patch+json",
+        )
+
+    async def apply(self, obj: dict[str, Any]) -> dict[str, Any]:
+        res = CLUSTERBASEMODELS if obj["kind"] == "ClusterBaseModel" else BASEMODELS
+        ns = obj["metadata"].get("namespace")
+        return await self.c.request("POST", res.path(ns), body=obj)
+
+    async def get_model(self, kind: str, name: str, namespace: str | None = None) -> dict[str, Any]:
+        res = CLUSTERBASEMODELS if kind == "ClusterBaseModel" else BASEMODELS
+        return await self.c.request("GET", res.path(namespace, name))
+
+    async def delete_model(self, kind: str, name: str, namespace: str | None = None) -> None:
+        res = CLUSTERBASEMODELS if kind == "ClusterBaseModel" else BASEMODELS
+        try:
+            await self.c.request("DELETE", res.path(namespace, name))
+        except ApiError as exc:
+            if exc.status != 404:
+                raise
+
+    async def model_gone(self, kind: str, name: str, namespace: str | None = None) -> bool:
+        try:
+            await self.get_model(kind, name, namespace)
+        except ApiError as exc:
+            return exc.status == 404
+        return False
+
+    async def configmap(self, node: str, namespace: str = "ome") -> dict[str, Any] | None:
+        try:
+            return await self.c.request("GET", CONFIGMAPS.path(namespace, node))
+        except ApiError as exc:
+            if exc.status == 404:
+                return None
+            raise
+
+    async def entry(self, node: str, key: str, namespace: str = "ome") -> dict[str, Any] | None:
+        cm = await self.configmap(node, namespace)
+        raw = ((cm or {}).get("data") or {}).get(key)
+        return json.loads(raw) if raw else None
+
+    async def events_for(self, name: str, namespace: str = "default") -> list[dict[str, Any]]:
+        items = (await self.c.request("GET", EVENTS.path(namespace)))["items"]
+        return [e for e in items if e.get("involvedObject", {}).get("name") == name]
+
+    async def ensure_namespace(self, name: str) -> None:
+        try:
+            await self.c.request(
+                "POST", "/api/v1/namespaces", body={"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}}
+            )
+        except ApiError as exc:
+            if exc.status != 409:
+                raise
+
+    async def create_secret(self, namespace: str, name: str, data: dict[str, str]) -> None:
+        import base64
+
+        body = {
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "metadata": {"name": name, "namespace": namespace},
+            "data": {k: base64.b64encode(v.encode()).decode() for k, v in data.items()},
+        }
+        await self.c.request("POST", SECRETS.path(namespace), body=body)
