@@ -1,0 +1,50 @@
+"""Fixtures for agent end-to-end tests: a fresh Node and models root per test, the agent as a subprocess."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+
+import pytest
+
+from model_agent.devenv.olah import OlahServer
+from tests.support.agent import AgentProcess
+from tests.support.kube import Kube
+
+AgentFactory = Callable[..., Awaitable[AgentProcess]]
+
+
+@pytest.fixture
+async def make_agent(
+    kubeconfig: Path, kube: Kube, olah: OlahServer, tmp_path: Path, unique: str
+) -> AsyncIterator[AgentFactory]:
+    """``await make_agent(labels=..., args=...)``: create a Node, start an agent for it, wait for /readyz."""
+    agents: list[AgentProcess] = []
+
+    async def factory(
+        *,
+        node: str | None = None,
+        labels: dict[str, str] | None = None,
+        args: tuple[str, ...] = (),
+        models_root: Path | None = None,
+    ) -> AgentProcess:
+        name = node or f"node-{unique}-{len(agents)}"
+        await kube.create_node(name, labels)
+        agent = AgentProcess(
+            kubeconfig=kubeconfig,
+            node=name,
+            models_root=models_root or tmp_path / f"models-{name}",
+            log_path=tmp_path / f"agent-{name}.log",
+            hf_endpoint=olah.endpoint,
+            args=("--resync-interval", "30", "--delete-settle", "0.5", *args),
+        )
+        agents.append(agent)
+        agent.start()
+        await asyncio.to_thread(agent.wait_ready)
+        return agent
+
+    yield factory
+    for agent in agents:
+        if agent.alive():
+            agent.stop()

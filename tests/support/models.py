@@ -1,0 +1,41 @@
+"""Small real models for tests: a llama-shaped config.json and a safetensors file made with safetensors."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+from safetensors.numpy import save
+
+HIDDEN = 64
+LAYERS = 2
+VOCAB = 128
+
+
+def tiny_llama(seed: int = 0, *, max_positions: int = 4096) -> dict[str, bytes]:
+    rng = np.random.default_rng(seed)
+    tensors = {
+        "model.embed_tokens.weight": rng.standard_normal((VOCAB, HIDDEN), dtype=np.float32),
+        "model.layers.0.mlp.up_proj.weight": rng.standard_normal((HIDDEN * 2, HIDDEN), dtype=np.float32),
+        "model.layers.1.mlp.up_proj.weight": rng.standard_normal((HIDDEN * 2, HIDDEN), dtype=np.float32),
+        "lm_head.weight": rng.standard_normal((VOCAB, HIDDEN), dtype=np.float32),
+    }
+    config = {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "hidden_size": HIDDEN,
+        "num_hidden_layers": LAYERS,
+        "vocab_size": VOCAB,
+        "max_position_embeddings": max_positions,
+        "torch_dtype": "float32",
+        "transformers_version": "4.43.0",
+    }
+    return {
+        "config.json": json.dumps(config, indent=2).encode(),
+        "model.safetensors": save(tensors),
+        "tokenizer_config.json": json.dumps({"model_max_length": max_positions}).encode(),
+    }
+
+
+def parameter_count() -> int:
+    return VOCAB * HIDDEN * 2 + 2 * (HIDDEN * 2 * HIDDEN)
