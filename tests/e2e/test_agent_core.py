@@ -46,7 +46,6 @@ async def test_cluster_and_namespaced_models_become_ready(
     root = agent.models_root
     name = f"tiny-{unique}"
     await kube.apply(cbm(name, f"hf://{repo}", str(root / "cluster" / name)))
-    key = node_label_key(CBM, "", name)
 
     async def ready() -> bool:
         return await state(kube, agent.node, CBM, name) == ("Ready", "Ready")
