@@ -1,11 +1,14 @@
 """This node's ``models.ome.io/*`` labels: the scheduler-facing half of a model's per-node state.
 
-Writes are JSON Patches of exactly one label (OME's wire format), skipped when the watched Node already
-shows the wanted value, so a steady state costs no requests. Only keys under ``models.ome.io/`` can be
-written: the agent owns nothing else on the Node.
+A write is skipped when the watched Node already shows the wanted value, so a steady state costs no
+requests. Writes that are needed are coalesced (:class:`~model_agent.agent.batcher.KeyBatcher`) into one
+JSON merge patch of ``metadata.labels`` — setting a value, or ``null`` to remove — so a thousand models
+becoming Ready cost a handful of PATCHes, and removing a label that is already gone is not an error (OME's
+one-operation JSON Patch failed on that). Only keys under ``models.ome.io/`` can be written: the agent owns
+nothing else on the Node (the admission policy in ``deploy/`` enforces the same on the server).
 
-Contract: :meth:`NodeLabels.ensure` returns whether it wrote; transient API failures are retried
-``attempts`` times with a short exponential pause and then raised, so the work queue backs off.
+:attr:`NodeLabels.written` remembers the last value this process wrote per key, so the Node watch can
+tell its own echo from someone else's change.
 """
 
 from __future__ import annotations
@@ -14,11 +17,16 @@ import asyncio
 from collections.abc import Callable
 from typing import Any
 
+import structlog
+
+from model_agent.agent.batcher import KeyBatcher
 from model_agent.kube.client import ApiError, ApiUnavailable, KubeClient
 from model_agent.kube.resources import NODES
-from model_agent.model.keys import MODEL_LABEL_DOMAIN, node_label_patch_path
+from model_agent.model.keys import MODEL_LABEL_DOMAIN
 
-JSON_PATCH = "application/json-patch+json"
+log = structlog.get_logger(__name__)
+
+MERGE_PATCH = "application/merge-patch+json"
 
 
 class NodeLabels:
@@ -34,6 +42,8 @@ class NodeLabels:
         self.node_name = node_name
         self._current_node = current_node
         self._attempts = max(1, attempts)
+        self.written: dict[str, str | None] = {}
+        self.batcher = KeyBatcher(self._send)
 
     def labels(self) -> dict[str, str]:
         node = self._current_node() or {}
@@ -45,33 +55,40 @@ class NodeLabels:
         return {k: v for k, v in self.labels().items() if k.startswith(prefix)}
 
     async def ensure(self, key: str, value: str | None) -> bool:
-        """Make label ``key`` equal ``value`` (None: absent). True when a patch was sent."""
+        """Make label ``key`` equal ``value`` (None: absent). True when a write was sent."""
         if not key.startswith(MODEL_LABEL_DOMAIN + "/"):
             raise ValueError(f"refusing to write label {key!r}: the agent owns only {MODEL_LABEL_DOMAIN}/*")
-        labels = self.labels()
+        node = self._current_node()
+        if node is None and value is None:
+            return False
+        labels = ((node or {}).get("metadata") or {}).get("labels") or {}
         if labels.get(key) == value:
             return False
-        if value is None:
-            ops: list[dict[str, Any]] = [{"op": "remove", "path": node_label_patch_path(key)}]
-        elif self._current_node() is not None and not labels:
-            ops = [{"op": "add", "path": "/metadata/labels", "value": {key: value}}]
-        else:
-            ops = [{"op": "add", "path": node_label_patch_path(key), "value": value}]
+        await self.batcher.write(key, value)
+        self.written[key] = value
+        return True
+
+    async def _send(self, batch: dict[str, str | None]) -> None:
+        body = {"metadata": {"labels": batch}}
         delay = 0.1
         for attempt in range(1, self._attempts + 1):
             try:
-                await self._client.request("PATCH", NODES.path(name=self.node_name), body=ops, content_type=JSON_PATCH)
-                return True
+                await self._client.request(
+                    "PATCH", NODES.path(name=self.node_name), body=body, content_type=MERGE_PATCH
+                )
+                return
             except ApiError as exc:
-                if value is None and exc.status == 422:
-                    return False  # already gone
                 if exc.status == 404:
-                    return False  # no Node object: nothing to label
-                if (exc.status < 500 and exc.status not in (409, 429)) or attempt == self._attempts:
+                    log.error("cannot label: this agent's Node does not exist", node=self.node_name)
+                    return
+                retryable = exc.status >= 500 or exc.status in (409, 429)
+                if not retryable or attempt == self._attempts:
                     raise
             except ApiUnavailable:
                 if attempt == self._attempts:
                     raise
             await asyncio.sleep(delay)
             delay = min(delay * 2, 2.0)
-        return False  # pragma: no cover - loop always returns or raises
+
+    async def close(self) -> None:
+        await self.batcher.close()

@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -103,6 +104,7 @@ class Context:
     hf: HuggingFaceSource
     models_store: dict[str, Any]  # kind -> Store
     requeue_after: Any  # Callable[[str, float], None]
+    busy: Callable[[], bool] = lambda: False
 
 
 def _store_key(ref: ModelRef) -> str:
@@ -114,6 +116,8 @@ class Reconciler:
         self.ctx = ctx
         self._progress_written: dict[str, float] = {}
         self._enriched: set[str] = set()
+        self._enrich_slots = asyncio.Semaphore(4)
+        self._background: set[asyncio.Task[None]] = set()
 
     # ------------------------------------------------------------------ reading desired and actual state
 
@@ -200,9 +204,9 @@ class Reconciler:
             if not problems:
                 if manifest.uid != obj.metadata.uid:
                     manifest.uid = obj.metadata.uid  # same source and path, recreated object: adopt
-                    ctx.manifests.save(manifest, target.root)
+                    await asyncio.to_thread(ctx.manifests.save, manifest, target.root)
                 await self._publish_state(ref, obj, ModelState.READY, manifest=manifest)
-                await self._enrich_spec(ref, obj, raw, manifest)
+                self._enrich_spec_later(ref, obj, raw, manifest)
                 return
             log.warning("manifest check failed", key=ref.key, problems=problems[:5])
             ctx.metrics.drift_repairs.labels("files").inc()
@@ -304,7 +308,7 @@ class Reconciler:
             metadata=metadata,
         )
         manifest.verified_at = time.time()
-        ctx.manifests.save(manifest, target.root)
+        await asyncio.to_thread(ctx.manifests.save, manifest, target.root)
         ctx.metrics.downloads_success.labels(*labels).inc()
         ctx.metrics.download_duration.labels(*labels).observe(time.monotonic() - started)
         fetched = sum(f.size for f in files if f.path in set(result.staged))
@@ -357,10 +361,10 @@ class Reconciler:
             metadata=metadata,
         )
         manifest.verified_at = time.time()
-        ctx.manifests.save(manifest, target.root)
+        await asyncio.to_thread(ctx.manifests.save, manifest, target.root)
         ctx.metrics.downloads_success.labels(*_metric_labels(ref)).inc()
         await self._publish_state(ref, obj, ModelState.READY, manifest=manifest)
-        await self._enrich_spec(ref, obj, raw, manifest)
+        self._enrich_spec_later(ref, obj, raw, manifest)
 
     async def _restore_from_trash(self, ref: ModelRef, obj: ModelObject, target: Target) -> bool:
         ctx = self.ctx
@@ -370,13 +374,13 @@ class Reconciler:
         if entry is None:
             return False
         manifest = entry.manifest
-        ctx.trash.restore(entry)
+        await asyncio.to_thread(ctx.trash.restore, entry)
         manifest.key = ref.key
         manifest.uid = obj.metadata.uid
         if manifest.fast_check():
             log.warning("restored copy failed its check; fetching", key=ref.key)
             return False
-        ctx.manifests.save(manifest, target.root)
+        await asyncio.to_thread(ctx.manifests.save, manifest, target.root)
         ctx.metrics.restored.inc()
         ctx.events.emit(
             ObjectRef.of(self.cached_object(ref) or {}),
@@ -421,8 +425,10 @@ class Reconciler:
                 entry_progress = current.progress  # keep the last progress write; no churn
         entry = ModelEntry(name=ref.name, status=state.value, config=config, progress=entry_progress)
         value = _with_reason(entry.to_json(), reason if state == ModelState.FAILED else None)
-        await ctx.labels.ensure(ref.label_key, state.value)
-        await ctx.configmap.ensure(ref.configmap_key, value)
+        # Both writes are level-triggered and batched; sending them together halves the latency.
+        await asyncio.gather(
+            ctx.labels.ensure(ref.label_key, state.value), ctx.configmap.ensure(ref.configmap_key, value)
+        )
 
     async def _fail(self, ref: ModelRef, raw: dict[str, Any], reason: str, message: str, *, retry: bool) -> None:
         ctx = self.ctx
@@ -437,6 +443,14 @@ class Reconciler:
             ctx.metrics.downloads_failed.labels(*_metric_labels(ref)).inc()
             ctx.events.emit(ObjectRef.of(raw), WARNING, reason, message)
             log.warning("model failed", key=ref.key, reason=reason, message=message)
+
+    def _enrich_spec_later(self, ref: ModelRef, obj: ModelObject, raw: dict[str, Any], manifest: Manifest) -> None:
+        """Spec enrichment is informational: run it beside the reconcile loop, a few at a time."""
+        if obj.metadata.uid in self._enriched or not manifest.metadata:
+            return
+        task = asyncio.get_running_loop().create_task(self._enrich_spec(ref, obj, raw, manifest))
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
 
     async def _enrich_spec(self, ref: ModelRef, obj: ModelObject, raw: dict[str, Any], manifest: Manifest) -> None:
         """Fill empty spec fields from parsed metadata, once per UID, with a merge patch of only those fields.
@@ -455,13 +469,16 @@ class Reconciler:
         if not patch:
             return
         resource = MODEL_RESOURCES[ref.kind.value]
+        while self.ctx.busy():  # noqa: ASYNC110 - labels and entries first: scheduling waits for them
+            await asyncio.sleep(0.5)
         try:
-            await self.ctx.client.request(
-                "PATCH",
-                resource.path(ref.namespace or None, ref.name),
-                body={"metadata": {"uid": obj.metadata.uid}, "spec": patch},
-                content_type="application/merge-patch+json",
-            )
+            async with self._enrich_slots:
+                await self.ctx.client.request(
+                    "PATCH",
+                    resource.path(ref.namespace or None, ref.name),
+                    body={"metadata": {"uid": obj.metadata.uid}, "spec": patch},
+                    content_type="application/merge-patch+json",
+                )
         except (ApiError, ApiUnavailable) as exc:
             log.info("spec enrichment skipped", key=ref.key, error=str(exc))
 

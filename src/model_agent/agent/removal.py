@@ -18,6 +18,7 @@ Each decision is counted (``model_agent_delete_confirmations{outcome}``) and eac
 
 from __future__ import annotations
 
+import asyncio
 import shutil
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -99,7 +100,7 @@ class Remover:
             ctx.breaker.forget(ref.key)
             manifest = candidate.manifest
             manifest.uid = str(((confirmation.live or {}).get("metadata") or {}).get("uid") or "")
-            ctx.manifests.save(manifest, ctx.layout.record_root(Path(manifest.dest)))
+            await asyncio.to_thread(ctx.manifests.save, manifest, ctx.layout.record_root(Path(manifest.dest)))
             log.info("recreated object adopts the existing weights", key=ref.key)
             return False
         reserved = False
@@ -132,8 +133,8 @@ class Remover:
                 raise Requeue("cache and server disagree about the spec; waiting for the watch")
         await ctx.fetcher.cancel(ref.key)
         if manifest.owned and not self._needed_elsewhere(ref, Path(manifest.dest), new_target):
-            self._quarantine(manifest, "superseded by a new spec")
-        ctx.manifests.delete(ref.key)
+            await self._quarantine(manifest, "superseded by a new spec")
+        await asyncio.to_thread(ctx.manifests.delete, ref.key)
 
     # ----------------------------------------------------------------------------------------- helpers
 
@@ -190,14 +191,14 @@ class Remover:
                 return True
         return False
 
-    def _quarantine(self, manifest: Manifest, reason: str) -> None:
+    async def _quarantine(self, manifest: Manifest, reason: str) -> None:
         ctx = self.ctx
         try:
             root = ctx.layout.root_of(Path(manifest.dest))
         except PathRefused:
             log.error("refusing to quarantine a path outside the roots", dest=manifest.dest)
             return
-        entry = ctx.trash.quarantine(manifest, root, reason)
+        entry = await asyncio.to_thread(ctx.trash.quarantine, manifest, root, reason)
         if entry is not None:
             ctx.metrics.quarantined.inc()
             log.info("weights quarantined", key=manifest.key, dest=manifest.dest, trash=str(entry.directory))
@@ -215,12 +216,12 @@ class Remover:
             elif self._needed_elsewhere(ref, Path(manifest.dest)):
                 kept = " (weights kept: another model uses the same path)"
             else:
-                self._quarantine(manifest, candidate.why)
+                await self._quarantine(manifest, candidate.why)
         for root in ctx.layout.roots:
             shutil.rmtree(root.staging / token_for(ref.key), ignore_errors=True)
         await ctx.labels.ensure(ref.label_key, None)
         await ctx.configmap.ensure(ref.configmap_key, None)
-        ctx.manifests.delete(ref.key)
+        await asyncio.to_thread(ctx.manifests.delete, ref.key)
         ctx.events.emit(
             self._ref_for_event(ref, candidate, confirmation),
             NORMAL,

@@ -45,7 +45,7 @@ from model_agent.kube.workqueue import ShutDown, WorkQueue
 from model_agent.local.layout import Layout
 from model_agent.local.manifest import ManifestStore
 from model_agent.local.trash import Trash
-from model_agent.model.keys import ModelKind, parse_configmap_key
+from model_agent.model.keys import MODEL_LABEL_DOMAIN, ModelKind, parse_configmap_key
 from model_agent.model.resources import ModelRef
 from model_agent.ops.events import WARNING, EventRecorder, ObjectRef
 from model_agent.ops.metrics import Metrics
@@ -88,7 +88,9 @@ class Agent:
             reflector.on_relist = lambda name: self.metrics.relists.labels(name).inc()
         self.events = EventRecorder(client, host=node)
         self.labels = NodeLabels(client, node, lambda: self.node.store.get(node), attempts=settings.node_label_retry)
-        self.node_configmap = NodeConfigMap(client, settings.namespace, node, lambda: self.configmap.store.get(node))
+        self.node_configmap = NodeConfigMap(
+            client, settings.namespace, node, lambda: self.configmap.store.get(f"{settings.namespace}/{node}")
+        )
         self.fetcher = Fetcher(settings.num_download_worker, self.queue.add)
         self.breaker = Breaker(
             ratio=settings.delete_breaker_ratio,
@@ -132,8 +134,10 @@ class Agent:
                 hf=HuggingFaceSource(settings.hf_endpoint),
                 models_store={kind: r.store for kind, r in self.models.items()},
                 requeue_after=self._requeue_after,
+                busy=lambda: self.queue.depth + self.queue.processing_count > 0,
             )
         )
+        self._label_index: dict[str, str] = {}
         self._tasks: list[asyncio.Task[None]] = []
         self._workers: list[asyncio.Task[None]] = []
         self.started = asyncio.Event()
@@ -149,26 +153,32 @@ class Agent:
             ref = ModelRef(ModelKind(kind), str(meta.get("namespace") or ""), str(meta.get("name") or ""))
         except ValueError:
             return
+        self._label_index[ref.label_key] = ref.key
         self.queue.add(ref.key)
 
     def _on_node_change(self, change: Change, _source: str) -> None:
         old = ((change.old or {}).get("metadata") or {}).get("labels") or {}
         new = ((change.new or {}).get("metadata") or {}).get("labels") or {}
-        if old != new:
-            self.enqueue_all()
+        changed = {k for k in set(old) | set(new) if old.get(k) != new.get(k)}
+        prefix = MODEL_LABEL_DOMAIN + "/"
+        if any(not k.startswith(prefix) for k in changed):
+            self.enqueue_all()  # selection may have changed for every model
+            return
+        for label_key in changed:
+            if new.get(label_key) == self.labels.written.get(label_key):
+                continue  # the echo of our own write
+            key = self._label_index.get(label_key)
+            if key is not None:
+                self.queue.add(key)
 
     def _on_configmap_change(self, change: Change, _source: str) -> None:
         old = (change.old or {}).get("data") or {}
         new = (change.new or {}).get("data") or {}
-        identity_lost = change.new is None or (
-            ((change.new.get("metadata") or {}).get("labels") or {})
-            != ((change.old or {}).get("metadata") or {}).get("labels")
-        )
-        if identity_lost:
-            self.enqueue_all()
+        if change.new is None or not self.node_configmap.identity_ok():
+            self.enqueue_all()  # deleted, or stripped of the label the controller needs
             return
         for key in set(old) | set(new):
-            if old.get(key) != new.get(key):
+            if old.get(key) != new.get(key) and new.get(key) != self.node_configmap.written.get(key):
                 ref = _ref_from_configmap_key(key)
                 if ref is not None:
                     self.queue.add(ref.key)
@@ -217,6 +227,7 @@ class Agent:
         if not self.started.is_set():
             return
         for key in self.known_keys():
+            self._label_index[ModelRef.from_key(key).label_key] = key
             self.queue.add(key)
 
     # ------------------------------------------------------------------------------------- lifecycle
@@ -308,6 +319,8 @@ class Agent:
         await asyncio.gather(*self._workers, return_exceptions=True)
         self._workers.clear()
         await self.fetcher.stop()
+        await self.labels.close()
+        await self.node_configmap.close()
         await self.events.close()
 
     # ----------------------------------------------------------------------------------- health

@@ -40,7 +40,7 @@ class Settings(BaseSettings):
 
     # drift and load
     resync_interval_s: float = 300.0
-    workers: int = 4
+    workers: int = 100
     startup_jitter_s: float = 0.0
 
     @field_validator("node_name")

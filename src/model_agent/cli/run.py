@@ -55,7 +55,7 @@ def run(
     delete_breaker_window: Annotated[float | None, Opt(help="Breaker window, seconds (600).")] = None,
     delete_settle: Annotated[float | None, Opt(help="Seconds a confirmed removal waits before acting (5).")] = None,
     resync_interval: Annotated[float | None, Opt(help="Seconds between full drift passes (300).")] = None,
-    workers: Annotated[int | None, Opt(help="Reconcile workers (4).")] = None,
+    workers: Annotated[int | None, Opt(help="Reconcile workers (100; they mostly wait on batched writes).")] = None,
     startup_jitter: Annotated[float | None, Opt(help="Max start-up delay, spread by node name (0).")] = None,
 ) -> None:
     """Run the node agent: watch models, fetch weights, label the Node, keep the ConfigMap."""
@@ -91,7 +91,15 @@ def run(
     except (ValidationError, ValueError) as exc:
         typer.echo(f"error: invalid configuration: {exc}", err=True)
         raise typer.Exit(code=2) from None
-    code = asyncio.run(_main(settings))
+    profile_to = os.environ.get("MODEL_AGENT_PROFILE")  # benchmarks: write cProfile stats here on exit
+    if profile_to:
+        import cProfile
+
+        profiler = cProfile.Profile()
+        code = profiler.runcall(asyncio.run, _main(settings))
+        profiler.dump_stats(f"{profile_to}.{os.getpid()}")
+    else:
+        code = asyncio.run(_main(settings))
     sys.stdout.flush()
     # Worker threads may still be writing a file into staging; it is resumed on restart. Do not wait.
     os._exit(code)

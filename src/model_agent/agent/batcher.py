@@ -1,0 +1,75 @@
+"""Coalescing of single-key writes into one request: many workers, one PATCH.
+
+Every model has one node label and one ConfigMap key, but they all live in the same two objects. Written
+one by one, 1,000 models cost 1,000 PATCHes of a Node with 1,000 labels and 1,000 PATCHes of a ConfigMap
+that grows to hundreds of kilobytes — each answered with, and echoed on the watch as, the whole object.
+:class:`KeyBatcher` lets each caller await its own key's write while one flusher sends every key pending
+at that moment in one merge patch.
+
+Guarantees: ``write(key, value)`` returns only after a request containing that value succeeded, or raises
+that request's error (every waiter of a failed batch gets it, and retries on its own); for one key the last
+value written wins (a later write supersedes a pending earlier one, whose waiter is satisfied by the later
+request, as level-triggered state allows); a batch never holds more than ``max_keys`` keys.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Awaitable, Callable
+
+Send = Callable[[dict[str, str | None]], Awaitable[None]]
+
+
+class KeyBatcher:
+    def __init__(self, send: Send, *, gather_s: float = 0.02, max_keys: int = 500) -> None:
+        self._send = send
+        self._gather_s = gather_s
+        self._max_keys = max_keys
+        self._pending: dict[str, str | None] = {}
+        self._waiters: dict[str, list[asyncio.Future[None]]] = {}
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self.requests = 0
+
+    async def write(self, key: str, value: str | None) -> None:
+        if self._task is None or self._task.done():
+            self._task = asyncio.get_running_loop().create_task(self._flusher(), name="key batcher")
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._pending[key] = value
+        self._waiters.setdefault(key, []).append(fut)
+        self._wake.set()
+        await fut
+
+    async def _flusher(self) -> None:
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            await asyncio.sleep(self._gather_s)  # let concurrent writers join this batch
+            while self._pending:
+                keys = list(self._pending)[: self._max_keys]
+                batch = {k: self._pending.pop(k) for k in keys}
+                waiters = [f for k in keys for f in self._waiters.pop(k, [])]
+                try:
+                    self.requests += 1
+                    await self._send(batch)
+                except Exception as exc:
+                    for f in waiters:
+                        if not f.done():
+                            f.set_exception(exc)
+                else:
+                    for f in waiters:
+                        if not f.done():
+                            f.set_result(None)
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        for futures in self._waiters.values():
+            for f in futures:
+                if not f.done():
+                    f.set_exception(RuntimeError("writer closed"))
+        self._waiters.clear()
+        self._pending.clear()
