@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 
 import pytest
 
 from model_agent.devenv.olah import OlahServer
 from tests.support.agent import AgentProcess
+from tests.support.faultproxy import FaultProxy
 from tests.support.kube import Kube
 
 AgentFactory = Callable[..., Awaitable[AgentProcess]]
@@ -28,11 +29,12 @@ async def make_agent(
         labels: dict[str, str] | None = None,
         args: tuple[str, ...] = (),
         models_root: Path | None = None,
+        via: Path | None = None,
     ) -> AgentProcess:
         name = node or f"node-{unique}-{len(agents)}"
         await kube.create_node(name, labels)
         agent = AgentProcess(
-            kubeconfig=kubeconfig,
+            kubeconfig=via or kubeconfig,
             node=name,
             models_root=models_root or tmp_path / f"models-{name}",
             log_path=tmp_path / f"agent-{name}.log",
@@ -48,3 +50,11 @@ async def make_agent(
     for agent in agents:
         if agent.alive():
             agent.stop()
+
+
+@pytest.fixture
+def proxy(kubeconfig: Path, tmp_path: Path) -> Iterator[FaultProxy]:
+    """A fault-injecting proxy in front of the real API server; ``proxy.kubeconfig`` points at it."""
+    with FaultProxy.from_kubeconfig(kubeconfig) as fp:
+        fp.kubeconfig = fp.write_kubeconfig(tmp_path / "proxy-kubeconfig")  # type: ignore[attr-defined]
+        yield fp

@@ -28,8 +28,10 @@ Contract:
   The first active rule matching a request (in the order added) fires and consumes one of its ``times``;
   at most one rule fires per request. Actions: :func:`respond`, :func:`stall`, :func:`drop`,
   :func:`cut_watch_after` (matches watch requests only), :func:`strip_list_items` (matches LIST requests
-  only). :meth:`~FaultProxy.inject_watch_event` / :meth:`~FaultProxy.inject_deleted` write into the
-  watches open *now* and return how many received the line. :meth:`~FaultProxy.stats` counts firings.
+  only). aiohttp clients resend an idempotent request once after a disconnect, so a dropped GET fails
+  for the caller only if the rule also drops the retry. :meth:`~FaultProxy.inject_watch_event` /
+  :meth:`~FaultProxy.inject_deleted` write into the watches open *now* and return how many received
+  the line. :meth:`~FaultProxy.stats` counts firings.
 * Threads: the proxy runs in its own thread and event loop, so blocking tests and async tests on any
   loop can drive it. Every public method is thread-safe; the blocking ones (``start``, ``stop``,
   ``inject_*``, ``wait_*``) have ``a``-prefixed coroutine twins that do not block the caller's loop.
@@ -309,7 +311,11 @@ def stall(seconds: float | None, then: Literal["forward", "drop"] = "forward") -
 
 
 def drop() -> Drop:
-    """Close the connection without an answer (the client sees a disconnect)."""
+    """Close the connection without an answer (the client sees a disconnect).
+
+    aiohttp (so :class:`KubeClient`) sends an idempotent request (GET, HEAD, PUT, DELETE...) once more after
+    a disconnect: to make one call fail, the rule must drop twice (``times=2``).
+    """
     return Drop()
 
 

@@ -103,8 +103,15 @@ class Breaker:
                 self.on_change(False, "resumed by an operator")
 
     def forget(self, key: str) -> None:
-        """A candidate turned out alive (or was acted on elsewhere): it no longer counts as pending."""
-        self._pending.pop(key, None)
+        """A candidate turned out alive (or came back): it no longer counts as pending.
+
+        When the breaker is open and the last pending removal is forgotten, nothing is held any more (every
+        model that looked gone came back, e.g. after a CRD was re-created), so it closes.
+        """
+        if self._pending.pop(key, None) is not None and self.opened_at is not None and not self._pending:
+            self.opened_at = None
+            if self.on_change:
+                self.on_change(False, "every held removal turned out alive")
 
     def decide(self, key: str, total_models: int) -> Decision:
         now = self._clock()

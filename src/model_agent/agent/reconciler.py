@@ -194,6 +194,7 @@ class Reconciler:
         self, ref: ModelRef, obj: ModelObject, raw: dict[str, Any], target: Target, manifest: Manifest | None
     ) -> None:
         ctx = self.ctx
+        ctx.remover.ctx.breaker.forget(ref.key)  # wanted here: not a pending removal any more
         if manifest is not None and not target.matches(manifest):
             # The spec now points elsewhere: the old copy is a removal candidate of its own (its UID is
             # alive, so removal proceeds only because the live object no longer wants it).
@@ -213,7 +214,7 @@ class Reconciler:
         if target.storage_type in (StorageType.LOCAL, StorageType.VENDOR):
             await self._adopt_in_place(ref, obj, raw, target)
             return
-        if manifest is None and await self._restore_from_trash(ref, obj, target):
+        if not target.dest.exists() and await self._restore_from_trash(ref, obj, target):
             ctx.requeue_after(ref.key, 0)
             return
         await self._ensure_fetch(ref, obj, raw, target, manifest)

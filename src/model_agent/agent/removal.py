@@ -69,6 +69,9 @@ class RemovalContext:
     breaker: Breaker
     cached_models: Callable[[], Iterable[dict[str, Any]]]
     confirm_deadline_s: float = 10.0
+    # Called with a live object that a confirmation read found alive: the cache had lost it (a phantom
+    # delete, a relist that omitted it), and the live read is the freshest state there is.
+    repair_cache: Callable[[dict[str, Any]], None] = lambda _obj: None
 
 
 class Remover:
@@ -88,6 +91,8 @@ class Remover:
             raise Requeue(f"confirmation read failed: {confirmation.detail}")
         if confirmation.outcome == Outcome.ALIVE_SAME_UID and not await self._deselected(confirmation):
             ctx.breaker.forget(ref.key)
+            if confirmation.live is not None:
+                ctx.repair_cache(confirmation.live)
             log.info("removal rumour dropped: the object is alive", key=ref.key, why=candidate.why)
             return False
         if (

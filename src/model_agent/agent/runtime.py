@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import random
 import time
 import zlib
@@ -40,7 +41,7 @@ from model_agent.agent.settings import Settings
 from model_agent.kube.client import ApiError, ApiUnavailable, KubeClient
 from model_agent.kube.reflector import Reflector
 from model_agent.kube.resources import BASEMODELS, CLUSTERBASEMODELS, CONFIGMAPS, NODES
-from model_agent.kube.store import Change
+from model_agent.kube.store import Change, object_key
 from model_agent.kube.workqueue import ShutDown, WorkQueue
 from model_agent.local.layout import Layout
 from model_agent.local.manifest import ManifestStore
@@ -115,6 +116,7 @@ class Agent:
                 breaker=self.breaker,
                 cached_models=self._cached_models,
                 confirm_deadline_s=settings.confirm_timeout_s,
+                repair_cache=self._repair_cache,
             )
         )
         self.reconciler = Reconciler(
@@ -194,6 +196,12 @@ class Agent:
         }
         self.events.emit(ObjectRef.of(node), WARNING, "DeleteBreakerOpen" if opened else "DeleteBreakerClosed", message)
         log.warning("delete breaker", open=opened, message=message)
+
+    def _repair_cache(self, live: dict[str, Any]) -> None:
+        reflector = self.models.get(str(live.get("kind") or ""))
+        if reflector is not None and object_key(live) not in reflector.store:
+            reflector.store.upsert(live)
+            log.info("cache repaired from a live read", key=object_key(live))
 
     def _requeue_after(self, key: str, delay_s: float) -> None:
         if delay_s <= 0:
@@ -322,6 +330,62 @@ class Agent:
         await self.labels.close()
         await self.node_configmap.close()
         await self.events.close()
+
+    # ----------------------------------------------------------------------------------- status
+
+    def status_snapshot(self) -> dict[str, Any]:
+        """The node's view for ``model-agent status`` (served as JSON on ``/status``)."""
+        labels = self.labels.labels()
+        data = self.node_configmap.data()
+        models = []
+        for key in sorted(self.known_keys()):
+            ref = ModelRef.from_key(key)
+            raw_entry = data.get(ref.configmap_key)
+            entry: dict[str, Any] = {}
+            if raw_entry:
+                with contextlib.suppress(ValueError):
+                    entry = json.loads(raw_entry)
+            manifest = self.manifests.load(key)
+            job = self.fetcher.job(key)
+            models.append(
+                {
+                    "key": key,
+                    "kind": ref.kind.value,
+                    "namespace": ref.namespace,
+                    "name": ref.name,
+                    "label": labels.get(ref.label_key),
+                    "entry": entry.get("status"),
+                    "reason": entry.get("reason"),
+                    "manifest": None
+                    if manifest is None
+                    else {
+                        "revision": manifest.revision,
+                        "bytes": manifest.total_bytes,
+                        "files": len(manifest.files),
+                        "check": manifest.fast_check()[:3] or "ok",
+                        "verifiedAt": manifest.verified_at,
+                        "dest": manifest.dest,
+                    },
+                    "progress": None
+                    if job is None
+                    else {
+                        "phase": "queued" if job.waiting_for_slot else job.progress.phase,
+                        "completedBytes": job.progress.completed_bytes,
+                        "totalBytes": job.progress.total_bytes,
+                    },
+                }
+            )
+        return {
+            "node": self.settings.node_name,
+            "synced": self.synced(),
+            "breaker": {
+                "open": self.breaker.is_open,
+                "pending": self.breaker.pending,
+                "trips": self.breaker.trips,
+            },
+            "trash": [e.to_json() for e in self.trash.entries()],
+            "models": models,
+        }
 
     # ----------------------------------------------------------------------------------- health
 

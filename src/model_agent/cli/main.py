@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import typer
 
-from model_agent.cli import dev, run
+from model_agent.cli import dev, run, status, trash
 
 app = typer.Typer(
     help="model-agent keeps a node's model weights, Node labels and ConfigMap in agreement with OME models.",
@@ -17,6 +17,8 @@ app = typer.Typer(
 )
 app.add_typer(dev.app, name="dev")
 app.command("run")(run.run)
+app.command("status")(status.status)
+app.add_typer(trash.app, name="trash")
 
 
 def main() -> None:  # pragma: no cover - console entry

@@ -120,6 +120,7 @@ async def _main(settings: Settings) -> int:
             roots=[str(r.path) for r in agent.layout.roots],
             loop_tick=lambda: agent.last_loop_tick,
             synced=agent.synced,
+            status=agent.status_snapshot,
         ),
         "0.0.0.0",
         settings.port,

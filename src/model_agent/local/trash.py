@@ -13,6 +13,7 @@ whose data is missing is cleaned up by purge).
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import os
 import shutil
@@ -66,8 +67,15 @@ class Trash:
         if not dest.exists() and not dest.is_symlink():
             return None
         now = time.time()
-        entry = TrashEntry(f"{int(now)}-{token_for(manifest.key)[:12]}", root, manifest, now, reason)
-        entry.directory.mkdir(parents=True, exist_ok=False)
+        base = f"{int(now)}-{token_for(manifest.key)[:12]}"
+        for n in itertools.count():
+            # The same model can be quarantined twice within one second (superseded, then removed).
+            entry = TrashEntry(base if n == 0 else f"{base}-{n}", root, manifest, now, reason)
+            try:
+                entry.directory.mkdir(parents=True, exist_ok=False)
+                break
+            except FileExistsError:
+                continue
         record = {"manifest": json.loads(manifest.to_json()), "quarantinedAt": now, "reason": reason}
         write_atomic(entry.directory / "entry.json", json.dumps(record).encode())
         os.rename(dest, entry.data)

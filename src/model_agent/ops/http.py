@@ -17,6 +17,7 @@ import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from aiohttp import web
 
@@ -35,6 +36,7 @@ class HealthSources:
     roots: list[str]
     loop_tick: Callable[[], float]
     synced: Callable[[], bool]
+    status: Callable[[], dict[str, Any]] = dict
     stale_after_s: float = 900.0
     api_fresh_s: float = 30.0
 
@@ -55,6 +57,7 @@ class HealthServer:
         app.router.add_get("/readyz", self._readyz)
         app.router.add_get("/healthz", self._healthz)
         app.router.add_get("/healthz/model-agent-health", self._healthz)
+        app.router.add_get("/status", self._status)
         return app
 
     async def start(self) -> None:
@@ -66,6 +69,9 @@ class HealthServer:
     async def stop(self) -> None:
         if self._runner is not None:
             await self._runner.cleanup()
+
+    async def _status(self, _req: web.Request) -> web.Response:
+        return web.json_response(self.s.status())
 
     async def _metrics(self, _req: web.Request) -> web.Response:
         return web.Response(body=self.s.metrics.render(), content_type="text/plain", charset="utf-8")
