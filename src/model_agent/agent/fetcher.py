@@ -17,7 +17,6 @@ Guarantees:
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import random
 import time
 from collections.abc import Awaitable, Callable
@@ -90,8 +89,8 @@ class Fetcher:
     async def submit(self, key: str, target: str, body: JobBody) -> bool:
         if self._stopped:
             return False
-        current = self._jobs.get(key)
-        if current is not None:
+        # A loop, not an if: another submit for this key may have started a job while this one waited.
+        while (current := self._jobs.get(key)) is not None:
             if current.target == target:
                 return True
             await self.cancel(key)
@@ -138,8 +137,17 @@ class Fetcher:
         if job is None:
             return
         job.task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await job.task
+        # asyncio.wait, not ``await job.task`` under suppress(CancelledError): that would also swallow the
+        # cancellation of the caller itself (shutdown) while it waits here.
+        await asyncio.wait([job.task])
+        self._forget(job)
+
+    def _forget(self, job: Job) -> None:
+        # A task cancelled before its first step never runs _run's ``finally``: drop its entry here.
+        if self._jobs.get(job.key) is job:
+            del self._jobs[job.key]
+            if not self._stopped:
+                self._on_done(job.key)
 
     async def stop(self) -> None:
         """Cancel every job and wait for them; partial downloads stay in staging for resume."""
@@ -147,6 +155,7 @@ class Fetcher:
         jobs = list(self._jobs.values())
         for job in jobs:
             job.task.cancel()
+        if jobs:
+            await asyncio.wait([job.task for job in jobs])
         for job in jobs:
-            with contextlib.suppress(asyncio.CancelledError):
-                await job.task
+            self._forget(job)

@@ -50,7 +50,7 @@ from model_agent.model.uris import (
 )
 from model_agent.ops.events import NORMAL, WARNING, EventRecorder, ObjectRef
 from model_agent.ops.metrics import Metrics
-from model_agent.sources.base import FetchRequest, Progress, publish
+from model_agent.sources.base import FetchRequest, Progress, SourceError, publish
 from model_agent.sources.hf import HuggingFaceSource
 
 log = structlog.get_logger(__name__)
@@ -195,11 +195,12 @@ class Reconciler:
     ) -> None:
         ctx = self.ctx
         ctx.remover.ctx.breaker.forget(ref.key)  # wanted here: not a pending removal any more
+        superseded: Manifest | None = None
         if manifest is not None and not target.matches(manifest):
-            # The spec now points elsewhere: the old copy is a removal candidate of its own (its UID is
-            # alive, so removal proceeds only because the live object no longer wants it).
-            await ctx.remover.replace_superseded(ref, manifest, target.id)
-            manifest = ctx.manifests.load(ref.key)
+            # The spec now points elsewhere. The new copy is fetched into staging while the old one stays in
+            # place; the old one goes to the trash (after a live read proves the spec changed) only when the
+            # new one is complete, just before it is switched in.
+            superseded, manifest = manifest, None
         if manifest is not None:
             problems = manifest.fast_check()
             if not problems:
@@ -212,15 +213,26 @@ class Reconciler:
             log.warning("manifest check failed", key=ref.key, problems=problems[:5])
             ctx.metrics.drift_repairs.labels("files").inc()
         if target.storage_type in (StorageType.LOCAL, StorageType.VENDOR):
+            if superseded is not None:
+                await ctx.remover.replace_superseded(ref, superseded, target.id)
             await self._adopt_in_place(ref, obj, raw, target)
             return
-        if not target.dest.exists() and await self._restore_from_trash(ref, obj, target):
-            ctx.requeue_after(ref.key, 0)
-            return
-        await self._ensure_fetch(ref, obj, raw, target, manifest)
+        if not target.dest.exists() and ctx.trash.find_restorable(target.storage_uri, str(target.dest)):
+            if superseded is not None:
+                await ctx.remover.replace_superseded(ref, superseded, target.id)
+            if await self._restore_from_trash(ref, obj, target):
+                ctx.requeue_after(ref.key, 0)
+                return
+        await self._ensure_fetch(ref, obj, raw, target, manifest, superseded)
 
     async def _ensure_fetch(
-        self, ref: ModelRef, obj: ModelObject, raw: dict[str, Any], target: Target, manifest: Manifest | None
+        self,
+        ref: ModelRef,
+        obj: ModelObject,
+        raw: dict[str, Any],
+        target: Target,
+        manifest: Manifest | None,
+        superseded: Manifest | None = None,
     ) -> None:
         ctx = self.ctx
         if target.storage_type not in FETCHABLE_TYPES:
@@ -246,13 +258,19 @@ class Reconciler:
                 return
         await self._publish_state(ref, obj, ModelState.UPDATING, progress=Progress(phase="scanning"))
         submitted = await ctx.fetcher.submit(
-            ref.key, target.id, lambda job: self._fetch(job, ref, obj, target, manifest)
+            ref.key, target.id, lambda job: self._fetch(job, ref, obj, target, manifest, superseded)
         )
         if not submitted:
             raise Requeue("the fetcher is stopping")
 
     async def _fetch(
-        self, job: Job, ref: ModelRef, obj: ModelObject, target: Target, previous: Manifest | None
+        self,
+        job: Job,
+        ref: ModelRef,
+        obj: ModelObject,
+        target: Target,
+        previous: Manifest | None,
+        superseded: Manifest | None = None,
     ) -> None:
         """The body of a fetch job: download, verify, publish, parse, record. Runs in the fetcher pool."""
         ctx = self.ctx
@@ -291,6 +309,11 @@ class Reconciler:
         )
         try:
             result = await ctx.hf.fetch(request)
+            if superseded is not None:
+                try:
+                    await ctx.remover.replace_superseded(ref, superseded, target.id)
+                except Requeue as exc:
+                    raise SourceError("SwitchDeferred", f"the old copy cannot be retired yet: {exc.why}") from None
             files = await asyncio.to_thread(publish, request, result)
         finally:
             for task in pending:  # progress writes finish before the outcome is reported

@@ -24,8 +24,10 @@ import asyncio
 import contextlib
 import json
 import random
+import shutil
 import time
 import zlib
+from pathlib import Path
 from typing import Any
 
 import structlog
@@ -43,9 +45,11 @@ from model_agent.kube.reflector import Reflector
 from model_agent.kube.resources import BASEMODELS, CLUSTERBASEMODELS, CONFIGMAPS, NODES
 from model_agent.kube.store import Change, object_key
 from model_agent.kube.workqueue import ShutDown, WorkQueue
-from model_agent.local.layout import Layout
+from model_agent.local.inventory import stale_staging, unmanaged_directories
+from model_agent.local.layout import Layout, token_for
 from model_agent.local.manifest import ManifestStore
 from model_agent.local.trash import Trash
+from model_agent.local.verify import mark_damaged, verify_manifest
 from model_agent.model.keys import MODEL_LABEL_DOMAIN, ModelKind, parse_configmap_key
 from model_agent.model.resources import ModelRef
 from model_agent.ops.events import WARNING, EventRecorder, ObjectRef
@@ -140,6 +144,7 @@ class Agent:
             )
         )
         self._label_index: dict[str, str] = {}
+        self.unmanaged: list[Path] = []
         self._tasks: list[asyncio.Task[None]] = []
         self._workers: list[asyncio.Task[None]] = []
         self.started = asyncio.Event()
@@ -234,9 +239,20 @@ class Agent:
     def enqueue_all(self) -> None:
         if not self.started.is_set():
             return
-        for key in self.known_keys():
+        keys = self.known_keys()
+        for key in keys:
             self._label_index[ModelRef.from_key(key).label_key] = key
             self.queue.add(key)
+        self._inventory(keys)
+
+    def _inventory(self, keys: set[str]) -> None:
+        """Report unmanaged directories; delete staging areas no model or download owns."""
+        self.unmanaged = unmanaged_directories(self.layout, [m.dest for m in self.manifests.all()])
+        self.metrics.unmanaged.set(len(self.unmanaged))
+        keep = {token_for(k) for k in keys} | {token_for(j.key) for j in self.fetcher.jobs()}
+        for stale in stale_staging(self.layout, keep):
+            shutil.rmtree(stale, ignore_errors=True)
+            log.info("stale staging area removed", path=str(stale))
 
     # ------------------------------------------------------------------------------------- lifecycle
 
@@ -264,6 +280,9 @@ class Agent:
             )
         )
         self._tasks.append(asyncio.create_task(self._tick(), name="loop tick"))
+        self._tasks.append(
+            asyncio.create_task(self._periodic(self.settings.verify_interval_s, self._start_verify), name="verify")
+        )
         self.enqueue_all()
         log.info("agent started", node=self.settings.node_name, models=len(self.known_keys()))
 
@@ -281,6 +300,55 @@ class Agent:
                 fn()
             except Exception:
                 log.exception("periodic task failed")
+
+    async def verify(self, keys: list[str] | None = None) -> dict[str, list[str]]:
+        """Re-hash the files of the given models (all when None); damaged ones are refetched. Path -> damage."""
+        report: dict[str, list[str]] = {}
+        for manifest in list(self.manifests.all()):
+            if keys is not None and manifest.key not in keys:
+                continue
+            if not manifest.owned or not manifest.files:
+                continue
+            started = time.monotonic()
+            damaged = await asyncio.to_thread(
+                verify_manifest, manifest, rate_bytes_s=self.settings.verify_rate_bytes_s or None
+            )
+            self.metrics.verification_duration.observe(time.monotonic() - started)
+            ref = ModelRef.from_key(manifest.key)
+            result = "failure" if damaged else "success"
+            self.metrics.verifications.labels(ref.kind.value, ref.namespace, ref.name, result).inc()
+            report[manifest.key] = damaged
+            if damaged:
+                current = self.manifests.load(manifest.key)
+                if current is not None and current.storage_uri == manifest.storage_uri:
+                    root = self.layout.record_root(Path(current.dest))
+                    await asyncio.to_thread(self.manifests.save, mark_damaged(current, damaged), root)
+                self.metrics.drift_repairs.labels("corrupt").inc()
+                obj = self.models[ref.kind.value].store.get(
+                    f"{ref.namespace}/{ref.name}" if ref.namespace else ref.name
+                )
+                if obj is not None:
+                    self.events.emit(
+                        ObjectRef.of(obj),
+                        WARNING,
+                        "Corrupted",
+                        f"{len(damaged)} file(s) failed verification on node {self.settings.node_name}: "
+                        f"{', '.join(damaged[:5])}; fetching them again",
+                    )
+                log.warning("verification failed", key=manifest.key, damaged=damaged[:20])
+                self.queue.add(manifest.key)
+            else:
+                current = self.manifests.load(manifest.key)
+                if current is not None and current.files == manifest.files:
+                    current.verified_at = time.time()
+                    await asyncio.to_thread(self.manifests.save, current, self.layout.record_root(Path(current.dest)))
+        return report
+
+    def _start_verify(self) -> None:
+        async def scheduled() -> None:
+            await self.verify()
+
+        self._tasks.append(asyncio.get_running_loop().create_task(scheduled(), name="scheduled verify"))
 
     def _purge(self) -> None:
         if self.breaker.is_open:
@@ -384,6 +452,7 @@ class Agent:
                 "trips": self.breaker.trips,
             },
             "trash": [e.to_json() for e in self.trash.entries()],
+            "unmanaged": [str(p) for p in self.unmanaged],
             "models": models,
         }
 

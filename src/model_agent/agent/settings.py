@@ -40,6 +40,8 @@ class Settings(BaseSettings):
 
     # drift and load
     resync_interval_s: float = 300.0
+    verify_interval_s: float = 86400.0
+    verify_rate_bytes_s: float = 200e6
     workers: int = 100
     startup_jitter_s: float = 0.0
 

@@ -55,6 +55,8 @@ def run(
     delete_breaker_window: Annotated[float | None, Opt(help="Breaker window, seconds (600).")] = None,
     delete_settle: Annotated[float | None, Opt(help="Seconds a confirmed removal waits before acting (5).")] = None,
     resync_interval: Annotated[float | None, Opt(help="Seconds between full drift passes (300).")] = None,
+    verify_interval: Annotated[float | None, Opt(help="Seconds between full re-hash passes (86400).")] = None,
+    verify_rate: Annotated[float | None, Opt(help="Re-hash read limit, bytes/s (200e6; 0: unlimited).")] = None,
     workers: Annotated[int | None, Opt(help="Reconcile workers (100; they mostly wait on batched writes).")] = None,
     startup_jitter: Annotated[float | None, Opt(help="Max start-up delay, spread by node name (0).")] = None,
 ) -> None:
@@ -77,6 +79,8 @@ def run(
         "delete_breaker_window_s": delete_breaker_window,
         "delete_settle_s": delete_settle,
         "resync_interval_s": resync_interval,
+        "verify_interval_s": verify_interval,
+        "verify_rate_bytes_s": verify_rate,
         "workers": workers,
         "startup_jitter_s": startup_jitter,
     }
@@ -121,6 +125,7 @@ async def _main(settings: Settings) -> int:
             loop_tick=lambda: agent.last_loop_tick,
             synced=agent.synced,
             status=agent.status_snapshot,
+            verify=agent.verify,
         ),
         "0.0.0.0",
         settings.port,

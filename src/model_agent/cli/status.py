@@ -59,6 +59,8 @@ def render(doc: dict[str, Any], console: Console) -> None:
         f"trips: {breaker.get('trips', 0)}"
     )
     console.print(f"trash: {len(doc.get('trash', []))} entries (see `model-agent trash list`)")
+    for path in doc.get("unmanaged", []):
+        console.print(f"[yellow]unmanaged directory (no manifest, left alone): {path}[/yellow]")
 
 
 def status(

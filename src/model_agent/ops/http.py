@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,6 +37,7 @@ class HealthSources:
     loop_tick: Callable[[], float]
     synced: Callable[[], bool]
     status: Callable[[], dict[str, Any]] = dict
+    verify: Callable[[list[str] | None], Awaitable[dict[str, list[str]]]] | None = None
     stale_after_s: float = 900.0
     api_fresh_s: float = 30.0
 
@@ -58,6 +59,7 @@ class HealthServer:
         app.router.add_get("/healthz", self._healthz)
         app.router.add_get("/healthz/model-agent-health", self._healthz)
         app.router.add_get("/status", self._status)
+        app.router.add_post("/verify", self._verify)
         return app
 
     async def start(self) -> None:
@@ -69,6 +71,13 @@ class HealthServer:
     async def stop(self) -> None:
         if self._runner is not None:
             await self._runner.cleanup()
+
+    async def _verify(self, req: web.Request) -> web.Response:
+        """POST /verify?model=Kind/ns/name (repeatable; none: all models). Answers path -> damaged files."""
+        if self.s.verify is None:
+            return web.json_response({"error": "verification not available"}, status=503)
+        keys = req.query.getall("model", []) or None
+        return web.json_response(await self.s.verify(list(keys) if keys else None))
 
     async def _status(self, _req: web.Request) -> web.Response:
         return web.json_response(self.s.status())

@@ -83,6 +83,9 @@ class Metrics:
             buckets=_LATENCY_BUCKETS,
             registry=r,
         )
+        self.unmanaged = Gauge(
+            "model_agent_unmanaged_directories", "Directories under the roots that no manifest explains", registry=r
+        )
         self.fetched_bytes = Counter("model_agent_fetched_bytes", "Bytes fetched from sources", registry=r)
         self.rbac_denied = Counter(
             "model_agent_rbac_denied", "API requests denied (401/403) by resource", ("resource",), registry=r

@@ -67,10 +67,20 @@ class Source(Protocol):
 
 
 def publish(request: FetchRequest, result: FetchResult) -> list[FileRecord]:
-    """Move staged files into place and return the final records (with the published mtimes)."""
+    """Move staged files into place and return the final records (with the published mtimes).
+
+    When the destination does not exist yet, the whole staging directory (every file verified) is renamed
+    into place in one step, so the model appears complete or not at all; otherwise file by file.
+    """
     dest = request.dest
-    dest.mkdir(parents=True, exist_ok=True)
     touched_dirs: set[Path] = set()
+    if not dest.exists() and not dest.is_symlink() and len(result.staged) == len(result.files):
+        shutil.rmtree(request.staging / ".cache", ignore_errors=True)  # huggingface_hub's bookkeeping
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        os.rename(request.staging, dest)
+        fsync_dir(dest.parent)
+        return [_published(dest, f) for f in result.files]
+    dest.mkdir(parents=True, exist_ok=True)
     for rel in result.staged:
         src = request.staging / rel
         target = dest / rel
@@ -86,9 +96,11 @@ def publish(request: FetchRequest, result: FetchResult) -> list[FileRecord]:
                     touched_dirs.add((dest / old.path).parent)
     for d in touched_dirs:
         fsync_dir(d)
-    final: list[FileRecord] = []
-    for f in result.files:
-        st = (dest / f.path).stat()
-        final.append(FileRecord(f.path, f.size, f.sha256, f.git_sha1, st.st_mtime_ns))
+    final = [_published(dest, f) for f in result.files]
     shutil.rmtree(request.staging, ignore_errors=True)
     return final
+
+
+def _published(dest: Path, f: FileRecord) -> FileRecord:
+    st = (dest / f.path).stat()
+    return FileRecord(f.path, f.size, f.sha256, f.git_sha1, st.st_mtime_ns)

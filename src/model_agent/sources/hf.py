@@ -108,8 +108,15 @@ class HuggingFaceSource:
             old = previous.get(remote.path) if same_dest else None
             if old is not None and _same_content(old, remote) and _intact(request.dest / remote.path, old):
                 records.append(old)
-            else:
-                to_fetch.append(remote)
+                continue
+            if old is None:
+                # No record of this file, yet it may be there (a kill between publish and manifest, weights
+                # left by another agent): adopt it if its bytes hash to what the hub lists.
+                adopted = await asyncio.to_thread(_adoptable, request.dest / remote.path, remote)
+                if adopted is not None:
+                    records.append(adopted)
+                    continue
+            to_fetch.append(remote)
 
         progress.phase = "downloading"
         progress.total_files = len(remote_files)
@@ -156,6 +163,20 @@ def _same_content(old: FileRecord, remote: RemoteFile) -> bool:
     if remote.git_sha1:
         return old.git_sha1 == remote.git_sha1
     return False
+
+
+def _adoptable(path: Path, remote: RemoteFile) -> FileRecord | None:
+    if not (remote.sha256 or remote.git_sha1):
+        return None
+    try:
+        if not path.is_file() or path.is_symlink() or path.stat().st_size != remote.size:
+            return None
+    except OSError:
+        return None
+    sha256, git_sha1 = file_digest(path)
+    if (remote.sha256 and sha256 != remote.sha256) or (remote.git_sha1 and git_sha1 != remote.git_sha1):
+        return None
+    return FileRecord(remote.path, remote.size, sha256, git_sha1, path.stat().st_mtime_ns)
 
 
 def _intact(path: Path, old: FileRecord) -> bool:

@@ -1,0 +1,51 @@
+"""What is on the disk that no manifest explains: reported, never deleted.
+
+:func:`unmanaged_directories` walks each allowed root (a few levels deep) and returns directories that are
+neither a model destination recorded by a manifest nor an ancestor of one — weights copied by hand, left
+by another tool, or by an older agent. They show in ``model-agent status`` and the
+``model_agent_unmanaged_directories`` metric; removing them is an operator's decision.
+
+:func:`stale_staging` lists staging areas that belong to no known model and no running download (left by a
+kill during a fetch of a model that has since gone): staging is the agent's own scratch space, so those are
+safe to delete.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from pathlib import Path
+
+from model_agent.local.layout import PRIVATE_DIR, Layout
+
+
+def unmanaged_directories(layout: Layout, dests: Iterable[str], *, max_depth: int = 3) -> list[Path]:
+    wanted = {Path(d) for d in dests}
+    ancestors = {p for d in wanted for p in d.parents}
+    found: list[Path] = []
+    for root in layout.roots:
+        frontier = [(root.path, 0)]
+        while frontier:
+            directory, depth = frontier.pop()
+            try:
+                children = sorted(p for p in directory.iterdir() if p.is_dir() and not p.is_symlink())
+            except OSError:
+                continue
+            for child in children:
+                if directory == root.path and child.name == PRIVATE_DIR:
+                    continue
+                if child in wanted:
+                    continue
+                if child in ancestors and depth + 1 < max_depth:
+                    frontier.append((child, depth + 1))
+                elif child not in ancestors:
+                    found.append(child)
+    return sorted(found)
+
+
+def stale_staging(layout: Layout, keep_tokens: set[str]) -> list[Path]:
+    stale: list[Path] = []
+    for root in layout.roots:
+        if not root.staging.is_dir():
+            continue
+        stale.extend(p for p in sorted(root.staging.iterdir()) if p.name not in keep_tokens)
+    return stale
