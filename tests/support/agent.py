@@ -106,7 +106,7 @@ class AgentProcess:
                 out[f"{sample.name}{{{labels}}}" if labels else sample.name] = sample.value
         return out
 
-    def metric(self, name: str, **labels: str) -> float:
+    def metric(self, name: str, /, **labels: str) -> float:
         want = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
         key = f"{name}{{{want}}}" if want else name
         return self.metrics().get(key, 0.0)

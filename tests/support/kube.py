@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import Any
 
@@ -112,3 +113,35 @@ class Kube:
             "data": {k: base64.b64encode(v.encode()).decode() for k, v in data.items()},
         }
         await self.c.request("POST", SECRETS.path(namespace), body=body)
+
+
+class LabelHistory:
+    """Every value one node label took, as seen on a watch of that Node (no sampling gaps)."""
+
+    def __init__(self, kube: Kube, node: str, label: str) -> None:
+        self.kube = kube
+        self.node = node
+        self.label = label
+        self.values: list[str | None] = []
+        self._task: asyncio.Task[None] | None = None
+
+    async def __aenter__(self) -> LabelHistory:
+        listing = await self.kube.c.request("GET", NODES.path(), query={"fieldSelector": f"metadata.name={self.node}"})
+        rv = listing["metadata"]["resourceVersion"]
+        started = asyncio.Event()
+
+        async def run() -> None:
+            query = {"watch": "true", "resourceVersion": rv, "fieldSelector": f"metadata.name={self.node}"}
+            started.set()
+            async for event in self.kube.c.watch_lines(NODES.path(), query=query, read_timeout=300):
+                labels = (event.get("object") or {}).get("metadata", {}).get("labels") or {}
+                self.values.append(labels.get(self.label))
+
+        self._task = asyncio.create_task(run())
+        await started.wait()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)

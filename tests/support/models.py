@@ -12,7 +12,7 @@ LAYERS = 2
 VOCAB = 128
 
 
-def tiny_llama(seed: int = 0, *, max_positions: int = 4096) -> dict[str, bytes]:
+def tiny_llama(seed: int = 0, *, max_positions: int = 4096, padding_bytes: int = 0) -> dict[str, bytes]:
     rng = np.random.default_rng(seed)
     tensors = {
         "model.embed_tokens.weight": rng.standard_normal((VOCAB, HIDDEN), dtype=np.float32),
@@ -20,6 +20,8 @@ def tiny_llama(seed: int = 0, *, max_positions: int = 4096) -> dict[str, bytes]:
         "model.layers.1.mlp.up_proj.weight": rng.standard_normal((HIDDEN * 2, HIDDEN), dtype=np.float32),
         "lm_head.weight": rng.standard_normal((VOCAB, HIDDEN), dtype=np.float32),
     }
+    if padding_bytes:
+        tensors["padding"] = np.full((padding_bytes // 4,), seed, dtype=np.float32)
     config = {
         "architectures": ["LlamaForCausalLM"],
         "model_type": "llama",

@@ -131,7 +131,8 @@ class KubeClient:
         headers = {"Accept": "application/json", "User-Agent": "model-agent"}
         if content_type:
             headers["Content-Type"] = content_type
-        token = await self._cfg.get_api_key_with_prefix("authorization")
+        # kubernetes_asyncio keeps the bearer token (in-cluster or kubeconfig) under "BearerToken".
+        token = await self._cfg.get_api_key_with_prefix("BearerToken", alias="authorization")
         if token:
             headers["Authorization"] = token
         return headers
