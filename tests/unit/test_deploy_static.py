@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -23,6 +22,7 @@ from typing import Any
 import pytest
 import yaml
 
+from model_agent.devenv.controlplane import helm_binary
 from model_agent.ops.metrics import Metrics
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
@@ -283,10 +283,11 @@ def _without_helm_labels(doc: Doc) -> Doc:
     return doc
 
 
-@pytest.mark.skipif(shutil.which("helm") is None, reason="helm is not installed")
 def test_helm_template_defaults_equal_the_manifests() -> None:
+    helm = helm_binary()
+    assert helm.is_file(), f"helm is not built: run `model-agent dev build --with-helm` ({helm})"
     out = subprocess.run(
-        ["helm", "template", "model-agent", str(CHART), "--namespace", NAMESPACE],
+        [str(helm), "template", "model-agent", str(CHART), "--namespace", NAMESPACE],
         check=True,
         capture_output=True,
         text=True,

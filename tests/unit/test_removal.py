@@ -380,7 +380,7 @@ async def test_weights_another_live_model_uses_are_kept(env: Env) -> None:
     env.client.script("GET", MODEL_PATH, not_found("m1", "clusterbasemodels"))
     assert await env.remove() is True
     env.assert_removed(weights_kept=True)
-    assert "another model uses the same path" in next(e.message for e in env.events.emitted if e.reason == "Removed")
+    assert "another live model uses this path" in next(e.message for e in env.events.emitted if e.reason == "Removed")
 
 
 async def test_a_deleting_model_with_the_same_path_does_not_keep_the_weights(env: Env) -> None:
@@ -501,11 +501,6 @@ async def test_removal_completes_when_the_fetcher_is_already_stopped(env: Env) -
     env.assert_removed(weights_kept=False)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="Remover._needed_elsewhere compares destinations for equality only: a live model whose path is "
-    "nested inside the removed model's directory is moved to the trash with it",
-)
 async def test_weights_of_a_live_model_nested_inside_are_kept(env: Env) -> None:
     nested = env.dest / "adapters" / "lora"
     nested.mkdir(parents=True)
@@ -516,11 +511,6 @@ async def test_weights_of_a_live_model_nested_inside_are_kept(env: Env) -> None:
     assert (nested / "adapter.safetensors").read_bytes() == b"lora weights"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="Remover._act uses the manifest loaded before the confirmation read: a fetch that publishes during "
-    "the read leaves weights on disk with their manifest deleted (untracked, never purged)",
-)
 async def test_weights_published_during_the_confirmation_read_are_not_orphaned(env: Env) -> None:
     # The first download is still running when the model is deleted: no manifest yet.
     env.manifests.delete(REF.key)

@@ -64,7 +64,7 @@ async def confirm_absence(
     try:
         live = await asyncio.wait_for(client.request("GET", path, timeout=deadline_s), deadline_s + 1)
     except ApiError as exc:
-        if exc.is_object_not_found(ref.name):
+        if exc.is_object_not_found(ref.name, resource.plural):
             return Confirmation(Outcome.CONFIRMED_GONE, detail="NotFound")
         return Confirmation(Outcome.READ_FAILED, detail=f"HTTP {exc.status} {exc.reason}: {exc.message[:200]}")
     except (ApiUnavailable, TimeoutError) as exc:

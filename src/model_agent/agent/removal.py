@@ -172,7 +172,7 @@ class Remover:
         return ObjectRef(ref.kind.value, "ome.io/v1beta1", ref.name, ref.namespace, candidate.uid)
 
     def _needed_elsewhere(self, ref: ModelRef, dest: Path, new_target: str | None = None) -> bool:
-        """Does another live model (or this model's new spec) use the same destination?"""
+        """Does another live model (or this model's new spec) use this destination or a path inside it?"""
         if new_target is not None and new_target.endswith(f"|{dest}"):
             return True
         for raw in self.ctx.cached_models():
@@ -192,7 +192,7 @@ class Remover:
                 _, resolved = self.ctx.layout.confine(path)
             except PathRefused:
                 continue
-            if resolved == dest and not same:
+            if not same and (resolved == dest or dest in resolved.parents):
                 return True
         return False
 
@@ -213,13 +213,14 @@ class Remover:
         ref = candidate.ref
         await ctx.fetcher.cancel(ref.key)
         ctx.fetcher.clear_failure(ref.key)
-        manifest = candidate.manifest
+        # Re-read the record now that no fetch can publish: one may have finished during the confirmation read.
+        manifest = ctx.manifests.load(ref.key) or candidate.manifest
         kept = ""
         if manifest is not None and manifest.owned:
             if reserved:
                 kept = " (weights kept: reserve-model-artifact)"
             elif self._needed_elsewhere(ref, Path(manifest.dest)):
-                kept = " (weights kept: another model uses the same path)"
+                kept = " (weights kept: another live model uses this path or one inside it)"
             else:
                 await self._quarantine(manifest, candidate.why)
         for root in ctx.layout.roots:

@@ -72,9 +72,14 @@ def status(state_dir: StateDir = None) -> None:
 
 
 @app.command("build")
-def build_cmd(force: Annotated[bool, typer.Option(help="Rebuild even when cached.")] = False) -> None:
+def build_cmd(
+    force: Annotated[bool, typer.Option(help="Rebuild even when cached.")] = False,
+    with_helm: Annotated[bool, typer.Option("--with-helm", help="Also build helm (for chart tests).")] = False,
+) -> None:
     """Build (or find cached) kube-apiserver and etcd binaries for the pinned Kubernetes version."""
     try:
         cp.build(force=force, echo=_echo)
+        if with_helm:
+            cp.build_helm(echo=_echo)
     except cp.ControlPlaneError as exc:
         raise _fail(exc) from None

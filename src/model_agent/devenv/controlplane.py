@@ -184,6 +184,40 @@ def build(*, force: bool = False, echo: Echo = _noop) -> Binaries:
     return found
 
 
+HELM_VERSION = "v3.22.0"
+
+
+def helm_binary() -> Path:
+    """Where the pinned helm (built from its Go module, for chart tests) lives once built."""
+    return cache_root() / "helm" / HELM_VERSION / "helm"
+
+
+def build_helm(*, echo: Echo = _noop) -> Path:
+    """``go install`` the pinned helm into the cache (a real chart renderer for the deploy tests)."""
+    target = helm_binary()
+    if target.is_file():
+        echo(f"helm {HELM_VERSION}: using cached binary {target}")
+        return target
+    go = _find_go()
+    target.parent.mkdir(parents=True, exist_ok=True)
+    env = dict(os.environ, CGO_ENABLED="0", GOTOOLCHAIN="local", GOBIN=str(target.parent))
+    echo(f"building helm {HELM_VERSION} from its Go module")
+    started = time.monotonic()
+    proc = subprocess.run(
+        [go, "install", "-trimpath", "-ldflags", "-s -w", f"helm.sh/helm/v3/cmd/helm@{HELM_VERSION}"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=BUILD_TIMEOUT_S,
+        check=False,
+    )
+    if proc.returncode != 0:
+        last = (proc.stderr.strip().splitlines() or ["(no output)"])[-1]
+        raise ControlPlaneError(f"go install of helm {HELM_VERSION} failed: {last}")
+    echo(f"built helm in {time.monotonic() - started:.0f}s")
+    return target
+
+
 # ------------------------------------------------------------------------------------------------- run
 
 

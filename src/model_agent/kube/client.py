@@ -57,13 +57,15 @@ class ApiError(Exception):
         value = self.details.get("retryAfterSeconds")
         return float(value) if isinstance(value, (int, float)) else None
 
-    def is_object_not_found(self, name: str) -> bool:
+    def is_object_not_found(self, name: str, plural: str | None = None) -> bool:
         """True only for the object's own NotFound, not for a missing resource type or endpoint.
 
         The API server answers a GET of a vanished object with a ``Status`` whose reason is ``NotFound``
         and whose ``details.name`` is the object's name. A resource type that is gone (its CRD was deleted)
         answers 404 with a plain body or without the name: that is not proof the object is gone.
         """
+        if plural is not None and self.details.get("kind") not in (None, plural):
+            return False  # a NotFound about some other resource (a misrouted request) proves nothing here
         return self.status == 404 and self.reason == "NotFound" and self.details.get("name") == name
 
 
