@@ -287,10 +287,22 @@ class Agent:
         log.info("agent started", node=self.settings.node_name, models=len(self.known_keys()))
 
     async def _tick(self) -> None:
+        ticks = 0
         while True:
             self.last_loop_tick = time.monotonic()
             self.metrics.queue_depth.set(self.queue.depth + self.queue.delayed_count)
+            if ticks % 5 == 0:
+                self._count_states()
+            ticks += 1
             await asyncio.sleep(1.0)
+
+    def _count_states(self) -> None:
+        """``model_agent_models{state}``: this node's model labels by value."""
+        counts = {"Ready": 0, "Updating": 0, "Failed": 0}
+        for value in self.labels.model_labels().values():
+            counts[value] = counts.get(value, 0) + 1
+        for state, n in counts.items():
+            self.metrics.models.labels(state).set(n)
 
     async def _periodic(self, interval_s: float, fn: Any) -> None:
         rng = random.Random()

@@ -62,7 +62,7 @@ from rich.text import Text
 
 from model_agent.cli.status import render as render_status
 from model_agent.devenv.controlplane import ControlPlane, ControlPlaneError
-from model_agent.devenv.olah import OlahError, OlahServer, create_model_repo, default_venv_dir, ensure_olah, repo_dir
+from model_agent.devenv.olah import OlahError, OlahServer, create_model_repo, default_venv_dir, ensure_olah
 from model_agent.kube.client import ApiError, ApiUnavailable, KubeClient
 from model_agent.kube.resources import CLUSTERBASEMODELS, CONFIGMAPS, NODES
 from model_agent.local.layout import Layout
@@ -385,6 +385,8 @@ def _view(title: str, rows: list[tuple[str, RenderableType]], timeline: Timeline
 
 
 class Demo:
+    """One run of the demo in one work directory: start the components, run the scenario, clean up."""
+
     def __init__(self, work: Path, console: Console, *, keep: bool, timeout: float) -> None:
         self.work = work
         self.console = console
@@ -413,6 +415,12 @@ class Demo:
     # ---- the whole thing
 
     def run(self) -> None:
+        if left := self._leftovers():  # checked before any cleanup is armed: never stop another run's processes
+            raise DemoError(
+                f"processes of an earlier run in {self.work} still run (pids {' '.join(map(str, left))}): "
+                f"stop them, then `model-agent dev down --state-dir {self.plane.state_dir}`, or use another --work-dir",
+                code=2,
+            )
         with contextlib.ExitStack() as stack:
             stack.callback(self._stop_plane)
             stack.callback(self._stop_mirror)
@@ -429,6 +437,17 @@ class Demo:
             else:
                 self.step(7, "cleaning up")
 
+    def _leftovers(self) -> list[int]:
+        """Processes an earlier (e.g. ``--keep``) run in this work dir started and that still run.
+
+        Matched on the sub-directories they name on their command lines, never on the work dir alone (this
+        command's own line, and a wrapper's such as ``timeout``, name that too).
+        """
+        pids: set[int] = set()
+        for sub in (self.plane.state_dir, self.models_root, self.work / "olah"):
+            pids.update(_pids_mentioning(str(sub)))
+        return sorted(pids)
+
     def _reset_work_dir(self) -> None:
         for path in (self.mirrors, self.models_root, self.work / "hf-home", self.work / "olah"):
             shutil.rmtree(path, ignore_errors=True)
@@ -441,7 +460,6 @@ class Demo:
             self.plane.up([NODE], echo=self._echo)
             ensure_olah(default_venv_dir())
             files = tiny_llama_files()
-            shutil.rmtree(repo_dir(self.mirrors, REPO), ignore_errors=True)
             commit = create_model_repo(self.mirrors, REPO, files)
             sizes = ", ".join(f"{name} {_fmt_bytes(len(data))}" for name, data in files.items())
             self.say(f"      mirror repository {REPO} @ {commit[:12]}: {sizes}")
@@ -487,7 +505,7 @@ class Demo:
 
     def _print_keep(self) -> None:
         assert self.agent is not None and self.mirror is not None
-        olah = [p for p in _pids_mentioning(str(self.work / "olah")) if p != self.agent.pid]
+        olah = _pids_mentioning(str(self.work / "olah"))
         kill = " ".join(str(p) for p in [self.agent.pid, *olah])
         self.step(7, "--keep: everything is still running")
         for line in (

@@ -1,0 +1,877 @@
+"""Parallel ranged HTTP downloads into a preallocated file, resumable across restarts, verified at the end.
+
+Role: the data path of every source that can address bytes of a remote file over HTTP (S3 presigned URLs,
+plain HTTP origins, later others). The listing, credentials and decisions about *which* files to fetch stay
+in the source; this module moves the bytes of one file as fast as the link allows, with bounded memory, and
+says whether they are the bytes the source promised.
+
+How one file is fetched (:meth:`RangedDownloader.download`):
+
+* The file is cut into parts of ``part_size`` bytes; up to ``concurrency`` parts are in flight across *all*
+  downloads of one :class:`RangedDownloader` (a shared slot pool), each one ``GET`` with ``Range`` (a file
+  of one part is fetched with a plain ``GET``). Each response is streamed in pieces into a reused
+  ``write_buffer``-sized buffer that is written at its offset with ``os.pwrite`` in a worker thread, so
+  memory is bounded by ``concurrency x write_buffer`` plus the HTTP client's socket buffers, whatever the
+  file or part size. The target is preallocated (``fallocate``, else ``ftruncate``) so a full disk shows up
+  before the transfer, not in the middle of it.
+* Progress is persisted in a *part map* (``state_path``, by default ``<file>.parts.json``): JSON with the
+  size, part size, the source's validator (e.g. an ETag) and a bitmap of completed parts, replaced
+  atomically (temp file + rename). A part is recorded only after its bytes were written and, with
+  ``durable`` (default), ``fdatasync``-ed, so after a crash of the process or of the node the map never
+  claims bytes that are not on disk. Records are batched: while one map write is under way, parts that
+  complete are recorded by the next. On cancellation the map is brought up to date before returning.
+  A restart with the same size and validator resumes from the recorded parts only; parts in flight are
+  fetched again, so a crash costs at most about ``concurrency x part_size`` of transfer. A different
+  validator or size (the remote file changed) discards the progress.
+* A failed part is retried from the last byte written (not from its start): connection errors, timeouts,
+  short bodies, 408 and 5xx with exponential backoff and jitter; 429 and 503 honour ``Retry-After``
+  (seconds or HTTP date, capped), and pause every part of this downloader, not only the one that was
+  answered. ``max_attempts`` consecutive failures without progress end the download. 401/403, 404, 412
+  (the validator no longer matches: sent as ``If-Match``) and 416 are not retried here; they become a
+  :class:`~model_agent.sources.base.SourceError` for the caller's own retry policy.
+* A server that ignores ``Range`` (200 with the whole body) is detected on the first such answer; the
+  download then continues as one sequential stream (not resumable mid-file: each retry restarts at 0).
+* Verification: the size always (the preallocated file and every ``Content-Range`` / ``Content-Length``
+  must agree with the expected size); then sha256 (always; it is what the manifest keeps) and every
+  checksum the source supplied (``md5``, ``sha1``, ``sha256``, ``crc32``) over the file. Hashing runs
+  beside the transfer over the contiguous prefix of completed parts (read back from the page cache), so
+  when parts finish roughly in order the hash is ready moments after the last byte. A mismatch deletes the
+  file and its map and raises ``VerificationFailed``. Then the file is fsynced and the map is rewritten as
+  *complete* with the digests, so a later call for the same size and validator returns at once.
+* ENOSPC/EDQUOT while preallocating or writing raise ``InsufficientDisk``; the partial file and its map are
+  kept for a resume once space is freed.
+
+Cancellation: :meth:`RangedDownloader.download` may be cancelled at any ``await``. It then stops its
+requests, waits for writes already handed to threads (so the file descriptor is never closed under a
+write), records the parts completed so far, and re-raises. Messages never contain the URL (presigned URLs
+carry credentials); they name the ``label`` the caller gives.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import concurrent.futures
+import contextlib
+import ctypes
+import ctypes.util
+import email.utils
+import errno
+import hashlib
+import json
+import os
+import random
+import re
+import sys
+import threading
+import time
+import zlib
+from collections import deque
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol, TypeVar
+
+import aiohttp
+
+from model_agent.local.capacity import Reservation, allocated_bytes, is_disk_full
+from model_agent.sources.base import SourceError
+
+MiB = 1024 * 1024
+DEFAULT_PART_SIZE = 16 * MiB
+DEFAULT_CONCURRENCY = 8
+DEFAULT_WRITE_BUFFER = 1 * MiB
+HASH_BLOCK = 8 * MiB
+STATE_VERSION = 1
+SUPPORTED_CHECKSUMS = frozenset({"md5", "sha1", "sha256", "crc32"})
+
+UrlSource = str | Callable[[], str]
+_T = TypeVar("_T")
+
+
+@dataclass(frozen=True)
+class RangedConfig:
+    """Tuning of the engine; the defaults were chosen on loopback (see ``bench/ranged.py``)."""
+
+    part_size: int = DEFAULT_PART_SIZE
+    concurrency: int = DEFAULT_CONCURRENCY
+    write_buffer: int = DEFAULT_WRITE_BUFFER
+    max_attempts: int = 8  # consecutive failures of one part without progress
+    backoff_base_s: float = 0.5
+    backoff_cap_s: float = 30.0
+    retry_after_cap_s: float = 300.0
+    connect_timeout_s: float = 30.0
+    read_timeout_s: float = 60.0
+    durable: bool = True  # fdatasync before a part is recorded as complete
+
+    def __post_init__(self) -> None:
+        if self.part_size < 1 or self.concurrency < 1 or self.write_buffer < 1 or self.max_attempts < 1:
+            raise ValueError("part_size, concurrency, write_buffer and max_attempts must be positive")
+
+
+@dataclass(frozen=True)
+class Expected:
+    """What the source promises about the file: its size, checksums (lowercase hex) and a validator.
+
+    ``checksums`` maps an algorithm of :data:`SUPPORTED_CHECKSUMS` to its hex digest (``crc32``: 8 hex digits,
+    big-endian). ``validator`` (e.g. an ETag, quotes included) is sent as ``If-Match`` and stored in the part
+    map: progress recorded under another validator is discarded.
+    """
+
+    size: int
+    checksums: Mapping[str, str] = field(default_factory=dict)
+    validator: str | None = None
+
+
+@dataclass(frozen=True)
+class Downloaded:
+    path: Path
+    size: int
+    digests: dict[str, str]  # sha256 always, plus every algorithm of Expected.checksums
+    fetched_bytes: int  # body bytes written in this call
+    resumed_bytes: int  # bytes taken from an earlier, interrupted call
+    requests: int  # HTTP requests made in this call
+
+
+class _Hasher(Protocol):
+    def update(self, data: bytes | memoryview, /) -> None: ...
+
+    def hexdigest(self) -> str: ...
+
+
+class _Crc32:
+    def __init__(self) -> None:
+        self.value = 0
+
+    def update(self, data: bytes | memoryview, /) -> None:
+        self.value = zlib.crc32(data, self.value)
+
+    def hexdigest(self) -> str:
+        return f"{self.value:08x}"
+
+
+def _new_hasher(algorithm: str) -> _Hasher:
+    if algorithm == "crc32":
+        return _Crc32()
+    if algorithm == "md5":
+        return hashlib.md5(usedforsecurity=False)
+    if algorithm == "sha1":
+        return hashlib.sha1(usedforsecurity=False)
+    if algorithm == "sha256":
+        return hashlib.sha256()
+    raise ValueError(f"unsupported checksum algorithm {algorithm!r}")
+
+
+def file_checksums(path: Path, algorithms: Iterable[str], block: int = HASH_BLOCK) -> dict[str, str]:
+    """Hex digests of a whole file (blocking)."""
+    hashers = {alg: _new_hasher(alg) for alg in algorithms}
+    with path.open("rb") as fh:
+        while data := fh.read(block):
+            for h in hashers.values():
+                h.update(data)
+    return {alg: h.hexdigest() for alg, h in hashers.items()}
+
+
+def b64_to_hex(value: str) -> str | None:
+    """A base64 digest (as in S3 ``x-amz-checksum-*`` and ``Content-MD5``) in hex, or None if it is not one."""
+    try:
+        return base64.b64decode(value, validate=True).hex()
+    except (ValueError, TypeError):
+        return None
+
+
+# ----------------------------------------------------------------------------------------------- part map
+
+
+@dataclass
+class _PartMap:
+    size: int
+    part_size: int
+    validator: str | None
+    done: bytearray  # one bit per part
+    complete: bool = False
+    digests: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def parts(self) -> int:
+        return (self.size + self.part_size - 1) // self.part_size
+
+    def is_done(self, i: int) -> bool:
+        return bool(self.done[i >> 3] & (1 << (i & 7)))
+
+    def mark(self, i: int) -> None:
+        self.done[i >> 3] |= 1 << (i & 7)
+
+    def done_bytes(self) -> int:
+        return sum(min(self.part_size, self.size - i * self.part_size) for i in range(self.parts) if self.is_done(i))
+
+    @classmethod
+    def fresh(cls, size: int, part_size: int, validator: str | None) -> _PartMap:
+        return cls(size, part_size, validator, bytearray((((size + part_size - 1) // part_size) + 7) // 8))
+
+    def copy(self) -> _PartMap:
+        return _PartMap(self.size, self.part_size, self.validator, bytearray(self.done), self.complete, dict(self.digests))
+
+    def to_json(self) -> bytes:
+        doc = {
+            "version": STATE_VERSION,
+            "size": self.size,
+            "part_size": self.part_size,
+            "validator": self.validator,
+            "done": base64.b64encode(bytes(self.done)).decode(),
+            "complete": self.complete,
+            "digests": self.digests,
+        }
+        return json.dumps(doc, sort_keys=True).encode()
+
+    @classmethod
+    def load(cls, path: Path) -> _PartMap | None:
+        """The map at ``path``, or None when it is missing or unreadable (then nothing is trusted)."""
+        try:
+            doc = json.loads(path.read_bytes())
+            if doc.get("version") != STATE_VERSION:
+                return None
+            size, part_size = int(doc["size"]), int(doc["part_size"])
+            validator = doc.get("validator")
+            done = bytearray(base64.b64decode(doc["done"], validate=True))
+            digests = {str(k): str(v) for k, v in dict(doc.get("digests") or {}).items()}
+            complete = bool(doc.get("complete", False))
+        except (OSError, ValueError, TypeError, KeyError):
+            return None
+        if size < 0 or part_size < 1 or (validator is not None and not isinstance(validator, str)):
+            return None
+        state = cls(size, part_size, validator, done, complete, digests)
+        if len(done) != (state.parts + 7) // 8:
+            return None
+        return state
+
+    def save(self, path: Path) -> None:
+        """Replace the map atomically (a crash leaves the old map or the new one, never a mix)."""
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+        try:
+            with tmp.open("wb") as fh:
+                fh.write(self.to_json())
+            os.replace(tmp, path)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                tmp.unlink()
+            raise
+
+
+# ----------------------------------------------------------------------------------------------- file I/O
+
+_EXECUTOR: concurrent.futures.ThreadPoolExecutor | None = None
+_EXECUTOR_LOCK = threading.Lock()
+
+
+def _executor() -> concurrent.futures.ThreadPoolExecutor:
+    global _EXECUTOR
+    with _EXECUTOR_LOCK:
+        if _EXECUTOR is None:
+            _EXECUTOR = concurrent.futures.ThreadPoolExecutor(max_workers=16, thread_name_prefix="ranged-io")
+        return _EXECUTOR
+
+
+class _Io:
+    """Blocking file work in threads, tracked so the descriptor is closed only when no thread still uses it."""
+
+    def __init__(self) -> None:
+        self._inflight: set[concurrent.futures.Future[Any]] = set()
+
+    async def run(self, fn: Callable[..., _T], *args: Any) -> _T:
+        fut = _executor().submit(fn, *args)
+        self._inflight.add(fut)
+        fut.add_done_callback(self._inflight.discard)
+        return await asyncio.wrap_future(fut)
+
+    async def drain(self) -> None:
+        while self._inflight:
+            await asyncio.to_thread(concurrent.futures.wait, list(self._inflight))
+
+
+def _pwrite_all(fd: int, data: memoryview, offset: int) -> None:
+    while data:
+        n = os.pwrite(fd, data, offset)
+        data, offset = data[n:], offset + n
+
+
+def _pread_exact(fd: int, offset: int, length: int) -> bytes:
+    chunks = []
+    while length > 0:
+        chunk = os.pread(fd, length, offset)
+        if not chunk:
+            raise OSError(errno.EIO, f"unexpected end of file at offset {offset}")
+        chunks.append(chunk)
+        offset += len(chunk)
+        length -= len(chunk)
+    return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+
+_libc_fallocate: Any = None
+if sys.platform.startswith("linux"):
+    with contextlib.suppress(OSError, AttributeError):
+        _libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        _libc_fallocate = _libc.fallocate
+        _libc_fallocate.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64]
+        _libc_fallocate.restype = ctypes.c_int
+
+
+def preallocate(fd: int, size: int) -> None:
+    """Reserve ``size`` bytes of disk for ``fd`` and set its length; ENOSPC is raised as OSError.
+
+    Uses ``fallocate(2)`` directly (not glibc's ``posix_fallocate``, which on filesystems without support
+    emulates it by writing every block); falls back to ``ftruncate`` (a sparse file) when unsupported.
+    """
+    if size > 0 and _libc_fallocate is not None:
+        if _libc_fallocate(fd, 0, 0, size) == 0:
+            return
+        err = ctypes.get_errno()
+        if err in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
+            raise OSError(err, os.strerror(err))
+    os.ftruncate(fd, size)
+
+
+def _disk_error(label: str, exc: OSError, what: str) -> SourceError:
+    if is_disk_full(exc):
+        return SourceError("InsufficientDisk", f"{label}: the disk filled up while {what} ({exc.strerror}); the"
+                           " partial download is kept and resumes once space is freed")
+    return SourceError("WriteFailed", f"{label}: {what} failed: {exc}")
+
+
+# ----------------------------------------------------------------------------------------------- HTTP helpers
+
+
+class _Retry(Exception):
+    def __init__(self, message: str, retry_after: float | None = None) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+class _RangeIgnored(Exception):
+    """The server answered a ranged GET with the whole body."""
+
+
+_CONTENT_RANGE = re.compile(r"bytes\s+(\d+)-(\d+)/(\d+|\*)")
+
+
+def parse_retry_after(value: str | None, now: float | None = None) -> float | None:
+    """Seconds to wait from a ``Retry-After`` header (delta-seconds or an HTTP date), or None."""
+    if not value:
+        return None
+    value = value.strip()
+    if value.isdigit():
+        return float(value)
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError, IndexError):
+        return None
+    return max(0.0, when.timestamp() - (time.time() if now is None else now))
+
+
+def _describe(exc: BaseException) -> str:
+    text = str(exc).splitlines()[0] if str(exc) else ""
+    return f"{type(exc).__name__}: {text}"[:300] if text else type(exc).__name__
+
+
+@dataclass
+class _Span:
+    pos: int
+    end: int  # exclusive
+
+
+async def _first_error(coros: Iterable[Any]) -> None:
+    """Run the coroutines; on the first exception cancel the others, wait for them, and re-raise it."""
+    tasks = [asyncio.ensure_future(c) for c in coros]
+    try:
+        done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+        for task in tasks:
+            if task in done and not task.cancelled() and task.exception() is not None:
+                raise task.exception()  # type: ignore[misc]
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+# ----------------------------------------------------------------------------------------------- engine
+
+
+class RangedDownloader:
+    """Downloads files over HTTP with ranged GETs; one instance shares its part slots among its downloads.
+
+    The caller owns ``session`` (and closes it). Create the downloader inside the running event loop.
+    """
+
+    def __init__(self, session: aiohttp.ClientSession, config: RangedConfig | None = None) -> None:
+        self.session = session
+        self.config = config or RangedConfig()
+        self._slots = asyncio.Semaphore(self.config.concurrency)
+        self._not_before = 0.0
+
+    async def download(
+        self,
+        url: UrlSource,
+        path: Path,
+        expected: Expected,
+        *,
+        headers: Mapping[str, str] | None = None,
+        state_path: Path | None = None,
+        label: str | None = None,
+        on_bytes: Callable[[int], None] | None = None,
+        reservation: Reservation | None = None,
+    ) -> Downloaded:
+        """Fetch ``url`` into ``path`` (resuming from ``state_path``), verify it, fsync it; see the module doc.
+
+        ``url`` may be a callable, called for every request (e.g. to refresh a presigned URL). ``on_bytes`` is
+        called with the size of every write. ``reservation`` is shrunk by what the preallocation takes.
+        """
+        unknown = set(expected.checksums) - SUPPORTED_CHECKSUMS
+        if unknown:
+            raise ValueError(f"unsupported checksum algorithms: {sorted(unknown)}")
+        job = _Job(
+            self,
+            url,
+            Path(path),
+            expected,
+            dict(headers or {}),
+            Path(state_path) if state_path is not None else Path(f"{path}.parts.json"),
+            label or Path(path).name,
+            on_bytes or (lambda _n: None),
+            reservation,
+        )
+        return await job.run()
+
+    # -- shared pause (Retry-After)
+    def _pause(self, seconds: float) -> None:
+        self._not_before = max(self._not_before, time.monotonic() + seconds)
+
+    async def _wait_turn(self) -> None:
+        while (delay := self._not_before - time.monotonic()) > 0:
+            await asyncio.sleep(delay)
+
+
+class _Job:
+    def __init__(
+        self,
+        dl: RangedDownloader,
+        url: UrlSource,
+        path: Path,
+        expected: Expected,
+        headers: dict[str, str],
+        state_path: Path,
+        label: str,
+        on_bytes: Callable[[int], None],
+        reservation: Reservation | None,
+    ) -> None:
+        self.dl = dl
+        self.cfg = dl.config
+        self.url = url
+        self.path = path
+        self.expected = expected
+        self.size = expected.size
+        self.headers = headers
+        self.state_path = state_path
+        self.label = label
+        self.on_bytes = on_bytes
+        self.reservation = reservation
+        self.algorithms = sorted({"sha256", *expected.checksums})
+        self.io = _Io()
+        self.fd = -1
+        self.state = _PartMap.fresh(self.size, self.cfg.part_size, expected.validator)
+        self.recorded = self.state.copy()  # what the map on disk says
+        self.persist_progress = False
+        self.queue: deque[int] = deque()
+        self.fetched = 0
+        self.resumed = 0
+        self.requests = 0
+        self.frontier = 0  # parts [0, frontier) are all done
+        self.part_event = asyncio.Event()
+        self.unrecorded: set[int] = set()
+        self.flusher: asyncio.Task[None] | None = None
+        self.flush_error: BaseException | None = None
+
+    # ------------------------------------------------------------------ open / state
+
+    def _open(self) -> bool:
+        """Load or reset the part map, open and preallocate the file. True when the file is already complete."""
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.state_path.parent.mkdir(parents=True, exist_ok=True)
+        old = _PartMap.load(self.state_path)
+        try:
+            on_disk = self.path.stat().st_size
+        except FileNotFoundError:
+            on_disk = -1
+        usable = (
+            old is not None
+            and old.size == self.size
+            and old.validator == self.expected.validator
+            and on_disk == self.size
+        )
+        if usable and old is not None and old.complete:
+            if all(alg in old.digests for alg in self.algorithms):
+                self.state = old
+                return True
+            usable = False  # complete, but without a digest we now need: fetch again
+        if usable and old is not None:
+            self.state = old
+            self.recorded = old.copy()
+            flags = os.O_RDWR
+        else:
+            self.state = _PartMap.fresh(self.size, self.cfg.part_size, self.expected.validator)
+            self.recorded = self.state.copy()
+            # Forget old progress before touching the data, so no map ever describes bytes we overwrite.
+            with contextlib.suppress(FileNotFoundError):
+                self.state_path.unlink()
+            flags = os.O_RDWR | os.O_CREAT | os.O_TRUNC
+        self.persist_progress = self.state.parts > 1
+        try:
+            self.fd = os.open(self.path, flags, 0o644)
+        except OSError as exc:
+            raise _disk_error(self.label, exc, "creating the file") from exc
+        before = allocated_bytes(self.path)
+        try:
+            preallocate(self.fd, self.size)
+        except OSError as exc:
+            os.close(self.fd)
+            self.fd = -1
+            raise _disk_error(self.label, exc, f"preallocating {self.size} bytes") from exc
+        if self.reservation is not None:
+            self.reservation.consume(allocated_bytes(self.path) - before)
+        if self.persist_progress and not usable:
+            try:
+                self.state.save(self.state_path)
+            except OSError as exc:
+                raise _disk_error(self.label, exc, "writing the part map") from exc
+        self.resumed = self.state.done_bytes()
+        self.queue.extend(i for i in range(self.state.parts) if not self.state.is_done(i))
+        self._advance_frontier()
+        return False
+
+    def _advance_frontier(self) -> None:
+        while self.frontier < self.state.parts and self.state.is_done(self.frontier):
+            self.frontier += 1
+
+    def _frontier_bytes(self) -> int:
+        return min(self.size, self.frontier * self.state.part_size)
+
+    # ------------------------------------------------------------------ run
+
+    async def run(self) -> Downloaded:
+        try:
+            already = await self.io.run(self._open)
+        except BaseException:
+            await self._close()
+            raise
+        if already:
+            return Downloaded(self.path, self.size, self._digests(self.state.digests), 0, self.size, 0)
+        try:
+            digests = await self._transfer_and_hash()
+            await self._verify(digests)
+            return Downloaded(self.path, self.size, digests, self.fetched, self.resumed, self.requests)
+        finally:
+            cleanup = asyncio.ensure_future(self._shutdown())
+            await asyncio.shield(cleanup)
+
+    def _digests(self, found: Mapping[str, str]) -> dict[str, str]:
+        return {alg: found[alg] for alg in self.algorithms}
+
+    async def _transfer_and_hash(self) -> dict[str, str]:
+        hasher = asyncio.ensure_future(self._hash_loop())
+        try:
+            if self.queue:
+                workers = min(len(self.queue), self.cfg.concurrency)
+                try:
+                    await _first_error(self._worker() for _ in range(workers))
+                except _RangeIgnored:
+                    await self._single_stream()
+            await self._flush_now()
+            self.part_event.set()
+            return await hasher
+        finally:
+            if not hasher.done():
+                hasher.cancel()
+            await asyncio.gather(hasher, return_exceptions=True)
+
+    async def _shutdown(self) -> None:
+        """After success, failure or cancellation: no thread uses the fd, the map is current, the fd closed."""
+        await self.io.drain()
+        if self.fd >= 0 and not self.state.complete:
+            with contextlib.suppress(Exception):
+                await self._flush_now()
+            await self.io.drain()
+        await self._close()
+
+    async def _close(self) -> None:
+        if self.fd >= 0:
+            fd, self.fd = self.fd, -1
+            os.close(fd)
+
+    # ------------------------------------------------------------------ parts
+
+    async def _worker(self) -> None:
+        buf = bytearray(min(self.cfg.write_buffer, self.cfg.part_size))
+        while self.queue:
+            i = self.queue.popleft()
+            async with self.dl._slots:
+                await self._fetch_part(i, buf)
+            self._part_done(i)
+
+    def _part_done(self, i: int) -> None:
+        self.state.mark(i)
+        self._advance_frontier()
+        self.part_event.set()
+        if self.flush_error is not None:
+            raise self.flush_error
+        if self.persist_progress:
+            self.unrecorded.add(i)
+            if self.flusher is None or self.flusher.done():
+                self.flusher = asyncio.ensure_future(self._flush_loop())
+
+    async def _flush_loop(self) -> None:
+        try:
+            while self.unrecorded:
+                batch = set(self.unrecorded)
+                self.unrecorded.clear()
+                if self.cfg.durable:
+                    await self.io.run(os.fdatasync, self.fd)
+                for i in batch:
+                    self.recorded.mark(i)
+                snapshot = self.recorded.copy()
+                await self.io.run(snapshot.save, self.state_path)
+        except OSError as exc:
+            self.flush_error = _disk_error(self.label, exc, "recording progress")
+        except BaseException as exc:
+            self.flush_error = exc
+            raise
+
+    async def _flush_now(self) -> None:
+        """Wait for a running map write, then record whatever is still unrecorded."""
+        if self.flusher is not None and not self.flusher.done():
+            await asyncio.shield(self.flusher)
+        if self.persist_progress and self.unrecorded and self.fd >= 0:
+            self.flusher = asyncio.ensure_future(self._flush_loop())
+            await asyncio.shield(self.flusher)
+        if self.flush_error is not None:
+            raise self.flush_error
+
+    async def _fetch_part(self, i: int, buf: bytearray) -> None:
+        start = i * self.state.part_size
+        span = _Span(start, min(self.size, start + self.state.part_size))
+        failures = 0
+        while span.pos < span.end:
+            await self.dl._wait_turn()
+            before = span.pos
+            try:
+                await self._stream(span, buf, whole=(span.pos == 0 and span.end == self.size))
+            except (_Retry, aiohttp.ClientError, TimeoutError) as exc:
+                if span.pos >= span.end:
+                    return
+                failures = 1 if span.pos > before else failures + 1
+                if failures >= self.cfg.max_attempts:
+                    raise SourceError(
+                        "DownloadFailed",
+                        f"{self.label}: bytes {span.pos}-{span.end - 1}: {failures} attempts in a row failed; "
+                        f"last: {_describe(exc)}",
+                    ) from None
+                retry_after = exc.retry_after if isinstance(exc, _Retry) else None
+                if retry_after is not None:
+                    delay = min(retry_after, self.cfg.retry_after_cap_s)
+                    self.dl._pause(delay)
+                else:
+                    delay = min(self.cfg.backoff_cap_s, self.cfg.backoff_base_s * 2 ** (failures - 1))
+                    delay *= random.uniform(0.5, 1.0)
+                await asyncio.sleep(delay)
+
+    def _request_url(self) -> str:
+        return self.url() if callable(self.url) else self.url
+
+    def _timeout(self) -> aiohttp.ClientTimeout:
+        return aiohttp.ClientTimeout(
+            total=None, sock_connect=self.cfg.connect_timeout_s, sock_read=self.cfg.read_timeout_s
+        )
+
+    async def _stream(self, span: _Span, buf: bytearray, *, whole: bool) -> None:
+        """One GET for ``span``; advances ``span.pos`` past every byte written, even when it fails midway."""
+        headers = dict(self.headers)
+        if not whole:
+            headers["Range"] = f"bytes={span.pos}-{span.end - 1}"
+        if self.expected.validator:
+            headers["If-Match"] = self.expected.validator
+        self.requests += 1
+        async with self.dl.session.get(self._request_url(), headers=headers, timeout=self._timeout()) as resp:
+            self._check(resp, span, whole=whole)
+            await self._copy_body(resp, span, buf)
+
+    async def _copy_body(self, resp: aiohttp.ClientResponse, span: _Span, buf: bytearray) -> None:
+        view = memoryview(buf)
+        filled = 0
+        try:
+            async for chunk in resp.content.iter_any():
+                data = memoryview(chunk)
+                room = span.end - span.pos - filled
+                if len(data) > room:
+                    data = data[:room]  # never write past the span, whatever the server sends
+                while data:
+                    take = min(len(data), len(buf) - filled)
+                    view[filled : filled + take] = data[:take]
+                    filled += take
+                    data = data[take:]
+                    if filled == len(buf):
+                        await self._write(view[:filled], span)
+                        filled = 0
+                if span.pos + filled >= span.end:
+                    break
+        finally:
+            if filled:  # keep what arrived before a failure: the retry starts after it
+                await self._write(view[:filled], span)
+        if span.pos < span.end:
+            raise _Retry(f"the response ended {span.end - span.pos} bytes early")
+
+    async def _write(self, data: memoryview, span: _Span) -> None:
+        try:
+            await self.io.run(_pwrite_all, self.fd, data, span.pos)
+        except OSError as exc:
+            raise _disk_error(self.label, exc, "writing") from exc
+        span.pos += len(data)
+        self.fetched += len(data)
+        self.on_bytes(len(data))
+
+    def _check(self, resp: aiohttp.ClientResponse, span: _Span, *, whole: bool) -> None:
+        status = resp.status
+        if status == 206:
+            m = _CONTENT_RANGE.fullmatch(resp.headers.get("Content-Range", "").strip())
+            if m is None:
+                raise SourceError("BadResponse", f"{self.label}: 206 without a usable Content-Range")
+            first, last, total = int(m[1]), int(m[2]), m[3]
+            if total != "*" and int(total) != self.size:
+                raise SourceError(
+                    "SourceChanged", f"{self.label}: the remote file is {total} bytes now, {self.size} were listed"
+                )
+            if first != span.pos or last != span.end - 1:
+                raise SourceError(
+                    "BadResponse", f"{self.label}: asked for bytes {span.pos}-{span.end - 1}, got {first}-{last}"
+                )
+            return
+        if status == 200:
+            if not whole:
+                raise _RangeIgnored()
+            length = resp.content_length
+            if length is not None and length != self.size:
+                raise SourceError(
+                    "SourceChanged", f"{self.label}: the remote file is {length} bytes now, {self.size} were listed"
+                )
+            return
+        if status in (429, 503):
+            raise _Retry(f"HTTP {status}", parse_retry_after(resp.headers.get("Retry-After")))
+        if status == 408 or status >= 500:
+            raise _Retry(f"HTTP {status}")
+        if status in (412, 416):
+            raise SourceError(
+                "SourceChanged", f"{self.label}: the remote file changed since it was listed (HTTP {status})"
+            )
+        if status in (401, 403):
+            raise SourceError("AccessDenied", f"{self.label}: access denied (HTTP {status})")
+        if status == 404:
+            raise SourceError("ObjectNotFound", f"{self.label}: not found (HTTP 404)")
+        raise SourceError("HttpError", f"{self.label}: unexpected HTTP {status}")
+
+    async def _single_stream(self) -> None:
+        """The server ignores Range: fetch the whole body in one stream, recording parts as it passes them."""
+        failures = 0
+        buf = bytearray(min(self.cfg.write_buffer, max(1, self.size)))
+        while True:
+            await self.dl._wait_turn()
+            span = _Span(0, self.size)
+            watcher = _PartWatcher(self, span)
+            try:
+                async with self.dl._slots:
+                    await self._stream_watched(span, buf, watcher)
+                return
+            except (_Retry, aiohttp.ClientError, TimeoutError) as exc:
+                failures = 1 if span.pos > 0 else failures + 1
+                if failures >= self.cfg.max_attempts:
+                    raise SourceError(
+                        "DownloadFailed", f"{self.label}: {failures} attempts in a row failed; last: {_describe(exc)}"
+                    ) from None
+                retry_after = exc.retry_after if isinstance(exc, _Retry) else None
+                delay = (
+                    min(retry_after, self.cfg.retry_after_cap_s)
+                    if retry_after is not None
+                    else min(self.cfg.backoff_cap_s, self.cfg.backoff_base_s * 2 ** (failures - 1))
+                )
+                await asyncio.sleep(delay)
+
+    async def _stream_watched(self, span: _Span, buf: bytearray, watcher: _PartWatcher) -> None:
+        self.on_bytes = watcher.wrap(self.on_bytes)
+        try:
+            await self._stream(span, buf, whole=True)
+        finally:
+            self.on_bytes = watcher.inner
+
+    # ------------------------------------------------------------------ hashing and verification
+
+    async def _hash_loop(self) -> dict[str, str]:
+        hashers = [_new_hasher(alg) for alg in self.algorithms]
+        hashed = 0
+        while hashed < self.size:
+            limit = self._frontier_bytes()
+            if hashed >= limit:
+                self.part_event.clear()
+                await self.part_event.wait()
+                continue
+            length = min(HASH_BLOCK, limit - hashed)
+            block = await self.io.run(_pread_exact, self.fd, hashed, length)
+            if len(hashers) == 1:
+                await self.io.run(hashers[0].update, block)
+            else:  # each update releases the GIL: use both cores
+                await asyncio.gather(*(self.io.run(h.update, block) for h in hashers))
+            hashed += length
+        return {alg: h.hexdigest() for alg, h in zip(self.algorithms, hashers, strict=True)}
+
+    async def _verify(self, digests: dict[str, str]) -> None:
+        problems = []
+        on_disk = os.fstat(self.fd).st_size
+        if on_disk != self.size:
+            problems.append(f"size {on_disk} != {self.size}")
+        for alg, want in sorted(self.expected.checksums.items()):
+            if digests.get(alg) != want.lower():
+                problems.append(f"{alg} {digests.get(alg)} != expected {want.lower()}")
+        if problems:
+            await self.io.drain()
+            self.state.complete = True  # nothing left to record: the file is discarded below
+            for p in (self.path, self.state_path):
+                with contextlib.suppress(FileNotFoundError):
+                    p.unlink()
+            raise SourceError("VerificationFailed", f"{self.label}: " + "; ".join(problems))
+        await self.io.run(os.fsync, self.fd)
+        self.state.complete = True
+        self.state.digests = dict(digests)
+        try:
+            await self.io.run(self.state.save, self.state_path)
+        except OSError as exc:
+            raise _disk_error(self.label, exc, "recording completion") from exc
+
+
+class _PartWatcher:
+    """During a single-stream download: mark each part done once the stream has written past its end."""
+
+    def __init__(self, job: _Job, span: _Span) -> None:
+        self.job = job
+        self.span = span
+        self.inner = job.on_bytes
+        self.next_part = 0
+
+    def wrap(self, inner: Callable[[int], None]) -> Callable[[int], None]:
+        self.inner = inner
+
+        def on_bytes(n: int) -> None:
+            inner(n)
+            part_size = self.job.state.part_size
+            while self.next_part < self.job.state.parts and min(
+                self.job.size, (self.next_part + 1) * part_size
+            ) <= self.span.pos:
+                if not self.job.state.is_done(self.next_part):
+                    self.job._part_done(self.next_part)
+                self.next_part += 1
+
+        return on_bytes
