@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import copy
 import os
 import signal
@@ -117,6 +118,13 @@ async def test_stale_state_dir_from_a_killed_run_is_recovered(tmp_path: Path) ->
     state = await asyncio.to_thread(plane.up, ["s1"])
     os.kill(state.apiserver_pid, signal.SIGKILL)
     os.kill(state.etcd_pid, signal.SIGKILL)
+    for pid in (state.apiserver_pid, state.etcd_pid):  # SIGKILL is asynchronous: wait until both are gone
+        for _ in range(200):
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(pid, os.WNOHANG)
+            if not Path(f"/proc/{pid}/cmdline").exists() or not Path(f"/proc/{pid}/cmdline").read_bytes():
+                break
+            await asyncio.sleep(0.05)
     messages: list[str] = []
     try:
         await asyncio.to_thread(lambda: plane.up(["s1"], echo=messages.append))

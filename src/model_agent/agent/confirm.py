@@ -76,3 +76,116 @@ async def confirm_absence(
     if meta.get("deletionTimestamp"):
         return Confirmation(Outcome.DELETING, live, detail="deletionTimestamp set")
     return Confirmation(Outcome.ALIVE_SAME_UID, live)
+
+
+def decide_from_list(ref: ModelRef, recorded_uid: str, listed: dict[tuple[str, str], dict[str, Any]]) -> Confirmation:
+    """The same decision table, read off a complete consistent LIST instead of one GET."""
+    live = listed.get((ref.namespace, ref.name))
+    if live is None:
+        return Confirmation(Outcome.CONFIRMED_GONE, detail="absent from a consistent LIST")
+    meta = live.get("metadata") or {}
+    live_uid = str(meta.get("uid") or "")
+    if recorded_uid and live_uid and live_uid != recorded_uid:
+        return Confirmation(Outcome.RECREATED_NEW_UID, live, detail=f"uid {recorded_uid} -> {live_uid}")
+    if meta.get("deletionTimestamp"):
+        return Confirmation(Outcome.DELETING, live, detail="deletionTimestamp set")
+    return Confirmation(Outcome.ALIVE_SAME_UID, live)
+
+
+@dataclass
+class _Waiter:
+    ref: ModelRef
+    uid: str
+    future: asyncio.Future[Confirmation]
+
+
+class Confirmer:
+    """Coalesces confirmations: many candidates of one kind at once are confirmed by one LIST.
+
+    Candidates arriving within ``debounce_s`` of each other are gathered per kind. A gathering of at most
+    ``batch_threshold`` candidates is confirmed with one GET each; a larger one (a storm: a relist after a
+    CRD change, a namespace deletion, injected deletes) with one paginated consistent LIST (no
+    resourceVersion) for the whole kind, read with the same decision table. A LIST that fails confirms
+    nothing: every waiter gets ``read_failed_requeued``. ``batch_threshold=None`` disables coalescing.
+    """
+
+    def __init__(
+        self,
+        client: KubeClient,
+        *,
+        deadline_s: float = 10.0,
+        batch_threshold: int | None = 3,
+        debounce_s: float = 0.3,
+        on_read: Any = None,
+    ) -> None:
+        self._client = client
+        self._deadline_s = deadline_s
+        self._threshold = batch_threshold
+        self._debounce_s = debounce_s
+        self._waiting: dict[str, list[_Waiter]] = {}
+        self._flushers: set[asyncio.Task[None]] = set()
+        self._on_read = on_read  # callable(method: "get" | "list") for metrics
+
+    async def confirm(self, ref: ModelRef, recorded_uid: str) -> Confirmation:
+        if self._threshold is None:
+            return await self._get(ref, recorded_uid)
+        loop = asyncio.get_running_loop()
+        waiter = _Waiter(ref, recorded_uid, loop.create_future())
+        kind = ref.kind.value
+        batch = self._waiting.setdefault(kind, [])
+        batch.append(waiter)
+        if len(batch) == 1:
+            task = loop.create_task(self._flush_later(kind), name=f"confirm {kind}")
+            self._flushers.add(task)
+            task.add_done_callback(self._flushers.discard)
+        return await waiter.future
+
+    async def _get(self, ref: ModelRef, uid: str) -> Confirmation:
+        if self._on_read is not None:
+            self._on_read("get")
+        return await confirm_absence(self._client, ref, uid, deadline_s=self._deadline_s)
+
+    async def _flush_later(self, kind: str) -> None:
+        await asyncio.sleep(self._debounce_s)
+        batch = self._waiting.pop(kind, [])
+        live = [w for w in batch if not w.future.done()]
+        if not live:
+            return
+        try:
+            if self._threshold is not None and len(live) > self._threshold:
+                outcomes = await self._by_list(kind, live)
+            else:
+                outcomes = list(await asyncio.gather(*(self._get(w.ref, w.uid) for w in live)))
+        except Exception as exc:
+            outcomes = [Confirmation(Outcome.READ_FAILED, detail=f"{type(exc).__name__}: {exc}") for _ in live]
+        for waiter, outcome in zip(live, outcomes, strict=True):
+            if not waiter.future.done():
+                waiter.future.set_result(outcome)
+
+    async def _by_list(self, kind: str, batch: list[_Waiter]) -> list[Confirmation]:
+        if self._on_read is not None:
+            self._on_read("list")
+        resource = MODEL_RESOURCES[kind]
+        listed: dict[tuple[str, str], dict[str, Any]] = {}
+        cont = ""
+        try:
+            async with asyncio.timeout(self._deadline_s * 3):
+                while True:
+                    query: dict[str, str | int] = {"limit": 500}
+                    if cont:
+                        query["continue"] = cont
+                    page = await self._client.request("GET", resource.path(), query=query, timeout=self._deadline_s)
+                    items = page.get("items")
+                    if not isinstance(items, list):
+                        raise ApiUnavailable("LIST answer without items")
+                    for item in items:
+                        meta = item.get("metadata") or {}
+                        item.setdefault("kind", resource.kind)
+                        listed[(str(meta.get("namespace") or ""), str(meta.get("name") or ""))] = item
+                    cont = str((page.get("metadata") or {}).get("continue") or "")
+                    if not cont:
+                        break
+        except (ApiError, ApiUnavailable, TimeoutError) as exc:
+            detail = f"LIST failed: {exc}"
+            return [Confirmation(Outcome.READ_FAILED, detail=detail) for _ in batch]
+        return [decide_from_list(w.ref, w.uid, listed) for w in batch]

@@ -28,7 +28,7 @@ from typing import Any
 import structlog
 
 from model_agent.agent.breaker import Breaker, Verdict
-from model_agent.agent.confirm import Confirmation, Outcome, confirm_absence
+from model_agent.agent.confirm import Confirmation, Confirmer, Outcome, confirm_absence
 from model_agent.agent.fetcher import Fetcher
 from model_agent.agent.node_configmap import NodeConfigMap
 from model_agent.agent.node_labels import NodeLabels
@@ -72,6 +72,8 @@ class RemovalContext:
     # Called with a live object that a confirmation read found alive: the cache had lost it (a phantom
     # delete, a relist that omitted it), and the live read is the freshest state there is.
     repair_cache: Callable[[dict[str, Any]], None] = lambda _obj: None
+    # Coalesces storms into one LIST per kind; None: one GET per candidate.
+    confirmer: Confirmer | None = None
 
 
 class Remover:
@@ -84,7 +86,7 @@ class Remover:
         """Remove everything of a model that is proven gone; True when something was removed."""
         ctx = self.ctx
         ref = candidate.ref
-        confirmation = await confirm_absence(ctx.client, ref, candidate.uid, deadline_s=ctx.confirm_deadline_s)
+        confirmation = await self._confirm(ref, candidate.uid)
         ctx.metrics.confirmations.labels(confirmation.outcome.value).inc()
         if confirmation.outcome == Outcome.READ_FAILED:
             log.warning("absence unproven; will retry", key=ref.key, why=candidate.why, detail=confirmation.detail)
@@ -128,7 +130,7 @@ class Remover:
     async def replace_superseded(self, ref: ModelRef, manifest: Manifest, new_target: str) -> None:
         """The live spec points at another source or path: retire the old copy (to the trash)."""
         ctx = self.ctx
-        confirmation = await confirm_absence(ctx.client, ref, manifest.uid, deadline_s=ctx.confirm_deadline_s)
+        confirmation = await self._confirm(ref, manifest.uid)
         if confirmation.outcome == Outcome.READ_FAILED:
             raise Requeue(f"confirmation read failed: {confirmation.detail}")
         live = confirmation.live
@@ -142,6 +144,11 @@ class Remover:
         await asyncio.to_thread(ctx.manifests.delete, ref.key)
 
     # ----------------------------------------------------------------------------------------- helpers
+
+    async def _confirm(self, ref: ModelRef, uid: str) -> Confirmation:
+        if self.ctx.confirmer is not None:
+            return await self.ctx.confirmer.confirm(ref, uid)
+        return await confirm_absence(self.ctx.client, ref, uid, deadline_s=self.ctx.confirm_deadline_s)
 
     async def _deselected(self, confirmation: Confirmation) -> bool:
         """For an alive object: does it (live) no longer select this node (live)?"""

@@ -33,6 +33,7 @@ from typing import Any
 import structlog
 
 from model_agent.agent.breaker import Breaker
+from model_agent.agent.confirm import Confirmer
 from model_agent.agent.fetcher import Fetcher
 from model_agent.agent.node_configmap import NodeConfigMap
 from model_agent.agent.node_labels import NodeLabels
@@ -41,6 +42,7 @@ from model_agent.agent.removal import RemovalContext, Remover
 from model_agent.agent.requeue import Requeue
 from model_agent.agent.settings import Settings
 from model_agent.kube.client import ApiError, ApiUnavailable, KubeClient
+from model_agent.kube.ratelimit import TokenBucket
 from model_agent.kube.reflector import Reflector
 from model_agent.kube.resources import BASEMODELS, CLUSTERBASEMODELS, CONFIGMAPS, NODES
 from model_agent.kube.store import Change, object_key
@@ -67,6 +69,8 @@ class Agent:
         self.client = client
         self.metrics = Metrics()
         client.observers.append(self.metrics.observe_api)
+        if settings.api_qps > 0:
+            client.before_request = TokenBucket(settings.api_qps, settings.api_burst).acquire
         self.layout = Layout(settings.models_root_dir, list(settings.allowed_roots))
         self.manifests = ManifestStore(self.layout)
         self.trash = Trash(self.layout)
@@ -121,6 +125,12 @@ class Agent:
                 cached_models=self._cached_models,
                 confirm_deadline_s=settings.confirm_timeout_s,
                 repair_cache=self._repair_cache,
+                confirmer=Confirmer(
+                    client,
+                    deadline_s=settings.confirm_timeout_s,
+                    batch_threshold=settings.confirm_batch_threshold if settings.confirm_batch_threshold >= 0 else None,
+                    on_read=lambda method: self.metrics.confirmation_reads.labels(method).inc(),
+                ),
             )
         )
         self.reconciler = Reconciler(

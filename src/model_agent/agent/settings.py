@@ -37,6 +37,11 @@ class Settings(BaseSettings):
     delete_breaker_min: int = 3
     delete_breaker_window_s: float = 600.0
     delete_settle_s: float = 5.0
+    confirm_batch_threshold: int = 3  # more pending candidates of a kind than this: one LIST; < 0: never
+
+    # API load
+    api_qps: float = 5.0
+    api_burst: int = 10
 
     # drift and load
     resync_interval_s: float = 300.0

@@ -59,6 +59,11 @@ def run(
     verify_rate: Annotated[float | None, Opt(help="Re-hash read limit, bytes/s (200e6; 0: unlimited).")] = None,
     workers: Annotated[int | None, Opt(help="Reconcile workers (100; they mostly wait on batched writes).")] = None,
     startup_jitter: Annotated[float | None, Opt(help="Max start-up delay, spread by node name (0).")] = None,
+    confirm_batch_threshold: Annotated[
+        int | None, Opt(help="Pending candidates of a kind above which one LIST confirms them all (3; -1: never).")
+    ] = None,
+    api_qps: Annotated[float | None, Opt(help="Client-side API request rate limit (5; 0: none).")] = None,
+    api_burst: Annotated[int | None, Opt(help="Client-side API burst (10).")] = None,
 ) -> None:
     """Run the node agent: watch models, fetch weights, label the Node, keep the ConfigMap."""
     given: dict[str, Any] = {
@@ -83,6 +88,9 @@ def run(
         "verify_rate_bytes_s": verify_rate,
         "workers": workers,
         "startup_jitter_s": startup_jitter,
+        "confirm_batch_threshold": confirm_batch_threshold,
+        "api_qps": api_qps,
+        "api_burst": api_burst,
     }
     kwargs = {k: v for k, v in given.items() if v is not None}
     if not os.environ.get("NODE_NAME") and node_name:

@@ -59,6 +59,12 @@ class Metrics:
             ("outcome",),
             registry=r,
         )
+        self.confirmation_reads = Counter(
+            "model_agent_confirmation_reads",
+            "Live reads made to confirm removal candidates (get: one object; list: a whole kind)",
+            ("method",),
+            registry=r,
+        )
         self.quarantined = Counter("model_agent_quarantined", "Models moved to the trash", registry=r)
         self.restored = Counter("model_agent_restored", "Models restored from the trash", registry=r)
         self.purged = Counter("model_agent_purged", "Trash entries purged", registry=r)

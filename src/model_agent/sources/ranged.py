@@ -210,7 +210,9 @@ class _PartMap:
         return cls(size, part_size, validator, bytearray((((size + part_size - 1) // part_size) + 7) // 8))
 
     def copy(self) -> _PartMap:
-        return _PartMap(self.size, self.part_size, self.validator, bytearray(self.done), self.complete, dict(self.digests))
+        return _PartMap(
+            self.size, self.part_size, self.validator, bytearray(self.done), self.complete, dict(self.digests)
+        )
 
     def to_json(self) -> bytes:
         doc = {
@@ -333,8 +335,11 @@ def preallocate(fd: int, size: int) -> None:
 
 def _disk_error(label: str, exc: OSError, what: str) -> SourceError:
     if is_disk_full(exc):
-        return SourceError("InsufficientDisk", f"{label}: the disk filled up while {what} ({exc.strerror}); the"
-                           " partial download is kept and resumes once space is freed")
+        return SourceError(
+            "InsufficientDisk",
+            f"{label}: the disk filled up while {what} ({exc.strerror}); the"
+            " partial download is kept and resumes once space is freed",
+        )
     return SourceError("WriteFailed", f"{label}: {what} failed: {exc}")
 
 
@@ -385,8 +390,9 @@ async def _first_error(coros: Iterable[Any]) -> None:
     try:
         done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
         for task in tasks:
-            if task in done and not task.cancelled() and task.exception() is not None:
-                raise task.exception()  # type: ignore[misc]
+            error = task.exception() if task in done and not task.cancelled() else None
+            if error is not None:
+                raise error
     finally:
         for task in tasks:
             task.cancel()
@@ -446,7 +452,8 @@ class RangedDownloader:
         self._not_before = max(self._not_before, time.monotonic() + seconds)
 
     async def _wait_turn(self) -> None:
-        while (delay := self._not_before - time.monotonic()) > 0:
+        delay = self._not_before - time.monotonic()
+        if delay > 0:
             await asyncio.sleep(delay)
 
 
@@ -489,6 +496,8 @@ class _Job:
         self.unrecorded: set[int] = set()
         self.flusher: asyncio.Task[None] | None = None
         self.flush_error: BaseException | None = None
+        self.sequential = False  # single-stream mode (the server ignores Range)
+        self.next_sequential = 0
 
     # ------------------------------------------------------------------ open / state
 
@@ -638,11 +647,12 @@ class _Job:
                     self.recorded.mark(i)
                 snapshot = self.recorded.copy()
                 await self.io.run(snapshot.save, self.state_path)
+        except asyncio.CancelledError:
+            raise
         except OSError as exc:
             self.flush_error = _disk_error(self.label, exc, "recording progress")
-        except BaseException as exc:
+        except Exception as exc:
             self.flush_error = exc
-            raise
 
     async def _flush_now(self) -> None:
         """Wait for a running map write, then record whatever is still unrecorded."""
@@ -673,14 +683,7 @@ class _Job:
                         f"{self.label}: bytes {span.pos}-{span.end - 1}: {failures} attempts in a row failed; "
                         f"last: {_describe(exc)}",
                     ) from None
-                retry_after = exc.retry_after if isinstance(exc, _Retry) else None
-                if retry_after is not None:
-                    delay = min(retry_after, self.cfg.retry_after_cap_s)
-                    self.dl._pause(delay)
-                else:
-                    delay = min(self.cfg.backoff_cap_s, self.cfg.backoff_base_s * 2 ** (failures - 1))
-                    delay *= random.uniform(0.5, 1.0)
-                await asyncio.sleep(delay)
+                await asyncio.sleep(self._retry_delay(exc, failures))
 
     def _request_url(self) -> str:
         return self.url() if callable(self.url) else self.url
@@ -735,6 +738,8 @@ class _Job:
         span.pos += len(data)
         self.fetched += len(data)
         self.on_bytes(len(data))
+        if self.sequential:
+            self._passed(span.pos)
 
     def _check(self, resp: aiohttp.ClientResponse, span: _Span, *, whole: bool) -> None:
         status = resp.status
@@ -779,13 +784,13 @@ class _Job:
         """The server ignores Range: fetch the whole body in one stream, recording parts as it passes them."""
         failures = 0
         buf = bytearray(min(self.cfg.write_buffer, max(1, self.size)))
+        self.sequential = True
         while True:
             await self.dl._wait_turn()
             span = _Span(0, self.size)
-            watcher = _PartWatcher(self, span)
             try:
                 async with self.dl._slots:
-                    await self._stream_watched(span, buf, watcher)
+                    await self._stream(span, buf, whole=True)
                 return
             except (_Retry, aiohttp.ClientError, TimeoutError) as exc:
                 failures = 1 if span.pos > 0 else failures + 1
@@ -793,20 +798,24 @@ class _Job:
                     raise SourceError(
                         "DownloadFailed", f"{self.label}: {failures} attempts in a row failed; last: {_describe(exc)}"
                     ) from None
-                retry_after = exc.retry_after if isinstance(exc, _Retry) else None
-                delay = (
-                    min(retry_after, self.cfg.retry_after_cap_s)
-                    if retry_after is not None
-                    else min(self.cfg.backoff_cap_s, self.cfg.backoff_base_s * 2 ** (failures - 1))
-                )
-                await asyncio.sleep(delay)
+                await asyncio.sleep(self._retry_delay(exc, failures))
 
-    async def _stream_watched(self, span: _Span, buf: bytearray, watcher: _PartWatcher) -> None:
-        self.on_bytes = watcher.wrap(self.on_bytes)
-        try:
-            await self._stream(span, buf, whole=True)
-        finally:
-            self.on_bytes = watcher.inner
+    def _retry_delay(self, exc: BaseException, failures: int) -> float:
+        retry_after = exc.retry_after if isinstance(exc, _Retry) else None
+        if retry_after is not None:
+            delay = min(retry_after, self.cfg.retry_after_cap_s)
+            self.dl._pause(delay)  # the server asked everyone to wait, not only this request
+            return delay
+        delay = min(self.cfg.backoff_cap_s, self.cfg.backoff_base_s * 2.0 ** (failures - 1))
+        return delay * random.uniform(0.5, 1.0)
+
+    def _passed(self, pos: int) -> None:
+        """Single-stream mode: every part that ends at or before ``pos`` is complete."""
+        part_size = self.state.part_size
+        while self.next_sequential < self.state.parts and min(self.size, (self.next_sequential + 1) * part_size) <= pos:
+            if not self.state.is_done(self.next_sequential):
+                self._part_done(self.next_sequential)
+            self.next_sequential += 1
 
     # ------------------------------------------------------------------ hashing and verification
 
@@ -850,28 +859,3 @@ class _Job:
             await self.io.run(self.state.save, self.state_path)
         except OSError as exc:
             raise _disk_error(self.label, exc, "recording completion") from exc
-
-
-class _PartWatcher:
-    """During a single-stream download: mark each part done once the stream has written past its end."""
-
-    def __init__(self, job: _Job, span: _Span) -> None:
-        self.job = job
-        self.span = span
-        self.inner = job.on_bytes
-        self.next_part = 0
-
-    def wrap(self, inner: Callable[[int], None]) -> Callable[[int], None]:
-        self.inner = inner
-
-        def on_bytes(n: int) -> None:
-            inner(n)
-            part_size = self.job.state.part_size
-            while self.next_part < self.job.state.parts and min(
-                self.job.size, (self.next_part + 1) * part_size
-            ) <= self.span.pos:
-                if not self.job.state.is_done(self.next_part):
-                    self.job._part_done(self.next_part)
-                self.next_part += 1
-
-        return on_bytes

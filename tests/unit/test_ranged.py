@@ -1,0 +1,457 @@
+"""The ranged download engine against a small real HTTP origin (aiohttp on loopback) with injectable faults."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import errno
+import hashlib
+import json
+import os
+import time
+import zlib
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+from aiohttp import web
+
+from model_agent.local.capacity import CapacityRegistry, DiskReserve, DiskUsage
+from model_agent.sources import ranged
+from model_agent.sources.base import SourceError
+from model_agent.sources.ranged import Expected, RangedConfig, RangedDownloader, parse_retry_after
+
+KiB = 1024
+MiB = 1024 * KiB
+
+
+class Origin:
+    """Serves one byte string at ``/file`` with Range, If-Match and faults; counts what it sends."""
+
+    def __init__(self, data: bytes, etag: str = '"v1"') -> None:
+        self.data = data
+        self.etag = etag
+        self.ranges: list[str | None] = []
+        self.statuses: list[int] = []
+        self.bytes_sent = 0
+        self.chunk = 64 * KiB
+        self.delay = 0.0  # seconds to sleep after each chunk
+        self.cut_after: int | None = None  # the next response is cut after this many body bytes
+        self.busy: int = 0  # answer this many requests with 503
+        self.retry_after: str | None = "1"
+        self.flip_at: int | None = None  # flip this byte of the file in every response that covers it
+        self.ignore_range = False
+        self.status: int | None = None  # answer every request with this status
+        self.runner: web.AppRunner | None = None
+        self.url = ""
+
+    async def start(self) -> None:
+        app = web.Application()
+        app.router.add_get("/file", self.handle)
+        self.runner = web.AppRunner(app, access_log=None)
+        await self.runner.setup()
+        site = web.TCPSite(self.runner, "127.0.0.1", 0)
+        await site.start()
+        port = self.runner.addresses[0][1]
+        self.url = f"http://127.0.0.1:{port}/file"
+
+    async def stop(self) -> None:
+        if self.runner is not None:
+            await self.runner.cleanup()
+
+    def _answer(self, status: int, headers: dict[str, str] | None = None) -> web.Response:
+        self.statuses.append(status)
+        return web.Response(status=status, headers=headers)
+
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        rng = request.headers.get("Range")
+        self.ranges.append(rng)
+        if self.status is not None:
+            return self._answer(self.status)
+        if self.busy > 0:
+            self.busy -= 1
+            return self._answer(503, {"Retry-After": self.retry_after} if self.retry_after else None)
+        match = request.headers.get("If-Match")
+        if match is not None and match != self.etag:
+            return self._answer(412)
+        size = len(self.data)
+        start, end, status = 0, size - 1, 200
+        headers = {"ETag": self.etag, "Accept-Ranges": "bytes"}
+        if rng and not self.ignore_range:
+            first, _, last = rng.removeprefix("bytes=").partition("-")
+            start, end = int(first), min(size - 1, int(last)) if last else size - 1
+            if start >= size:
+                return self._answer(416)
+            status = 206
+            headers["Content-Range"] = f"bytes {start}-{end}/{size}"
+        body = bytearray(self.data[start : end + 1])
+        if self.flip_at is not None and start <= self.flip_at <= end:
+            body[self.flip_at - start] ^= 0xFF
+        self.statuses.append(status)
+        resp = web.StreamResponse(status=status, headers=headers)
+        resp.content_length = len(body)
+        await resp.prepare(request)
+        sent = 0
+        for off in range(0, len(body), self.chunk):
+            piece = bytes(body[off : off + self.chunk])
+            if self.cut_after is not None and sent + len(piece) > self.cut_after:
+                piece = piece[: self.cut_after - sent]
+                self.cut_after = None
+                await resp.write(piece)
+                self.bytes_sent += len(piece)
+                assert request.transport is not None
+                request.transport.close()
+                return resp
+            await resp.write(piece)
+            self.bytes_sent += len(piece)
+            sent += len(piece)
+            if self.delay:
+                await asyncio.sleep(self.delay)
+        await resp.write_eof()
+        return resp
+
+
+@pytest.fixture
+async def session() -> AsyncIterator[aiohttp.ClientSession]:
+    async with aiohttp.ClientSession() as s:
+        yield s
+
+
+async def origin_for(data: bytes, **kw: Any) -> Origin:
+    o = Origin(data, **kw)
+    await o.start()
+    return o
+
+
+def digests(data: bytes) -> dict[str, str]:
+    return {
+        "md5": hashlib.md5(data).hexdigest(),
+        "sha256": hashlib.sha256(data).hexdigest(),
+        "crc32": f"{zlib.crc32(data):08x}",
+    }
+
+
+def done_parts(state_path: Path) -> tuple[int, list[int]]:
+    doc = json.loads(state_path.read_bytes())
+    bits = base64.b64decode(doc["done"])
+    parts = (doc["size"] + doc["part_size"] - 1) // doc["part_size"]
+    return doc["part_size"], [i for i in range(parts) if bits[i >> 3] & (1 << (i & 7))]
+
+
+FAST = RangedConfig(part_size=256 * KiB, concurrency=4, write_buffer=64 * KiB, backoff_base_s=0.01)
+
+
+async def test_parallel_download_is_byte_identical_and_verified(session: aiohttp.ClientSession, tmp_path: Path) -> None:
+    data = os.urandom(5 * MiB + 12345)
+    origin = await origin_for(data)
+    try:
+        dest = tmp_path / "out.bin"
+        seen: list[int] = []
+        got = await RangedDownloader(session, FAST).download(
+            origin.url, dest, Expected(len(data), digests(data), '"v1"'), on_bytes=seen.append
+        )
+    finally:
+        await origin.stop()
+    assert dest.read_bytes() == data
+    assert got.digests == digests(data)
+    assert got.fetched_bytes == len(data) == sum(seen)
+    assert got.resumed_bytes == 0
+    parts = (len(data) + FAST.part_size - 1) // FAST.part_size
+    assert len(origin.ranges) == got.requests == parts
+    assert all(r is not None and r.startswith("bytes=") for r in origin.ranges)
+    assert origin.bytes_sent == len(data)
+    state = json.loads(Path(f"{dest}.parts.json").read_bytes())
+    assert state["complete"] is True and state["digests"]["sha256"] == digests(data)["sha256"]
+
+
+async def test_completed_file_is_not_fetched_again(session: aiohttp.ClientSession, tmp_path: Path) -> None:
+    data = os.urandom(700 * KiB)
+    origin = await origin_for(data)
+    try:
+        dl = RangedDownloader(session, FAST)
+        await dl.download(origin.url, tmp_path / "f", Expected(len(data), {"md5": digests(data)["md5"]}, '"v1"'))
+        before = len(origin.ranges)
+        again = await dl.download(
+            origin.url, tmp_path / "f", Expected(len(data), {"md5": digests(data)["md5"]}, '"v1"')
+        )
+    finally:
+        await origin.stop()
+    assert len(origin.ranges) == before
+    assert again.requests == 0 and again.fetched_bytes == 0 and again.resumed_bytes == len(data)
+    assert again.digests["md5"] == digests(data)["md5"]
+
+
+async def test_small_file_is_one_plain_get(session: aiohttp.ClientSession, tmp_path: Path) -> None:
+    data = b'{"architectures": ["X"]}'
+    origin = await origin_for(data)
+    try:
+        got = await RangedDownloader(session, FAST).download(origin.url, tmp_path / "config.json", Expected(len(data)))
+    finally:
+        await origin.stop()
+    assert origin.ranges == [None]
+    assert (tmp_path / "config.json").read_bytes() == data
+    assert got.digests == {"sha256": hashlib.sha256(data).hexdigest()}
+
+
+async def test_empty_file_needs_no_request(session: aiohttp.ClientSession, tmp_path: Path) -> None:
+    got = await RangedDownloader(session, FAST).download(
+        "http://127.0.0.1:9/never", tmp_path / "empty", Expected(0, {"md5": hashlib.md5(b"").hexdigest()})
+    )
+    assert got.requests == 0 and (tmp_path / "empty").read_bytes() == b""
+
+
+async def test_cut_connection_resumes_within_the_part(session: aiohttp.ClientSession, tmp_path: Path) -> None:
+    data = os.urandom(2 * MiB)
+    origin = await origin_for(data)
+    origin.cut_after = 100 * KiB + 7
+    try:
+        got = await RangedDownloader(session, FAST).download(
+            origin.url, tmp_path / "f", Expected(len(data), digests(data))
+        )
+    finally:
+        await origin.stop()
+    assert (tmp_path / "f").read_bytes() == data
+    parts = len(data) // FAST.part_size
+    assert got.requests == parts + 1  # one retry
+    # The retry asked only for what was missing: nothing was sent twice except bytes lost in transit.
+    assert origin.bytes_sent - len(data) <= 100 * KiB + 7
+
+
+async def test_503_with_retry_after_is_honoured(session: aiohttp.ClientSession, tmp_path: Path) -> None:
+    data = os.urandom(600 * KiB)
+    origin = await origin_for(data)
+    origin.busy = 1
+    origin.retry_after = "1"
+    try:
+        started = time.monotonic()
+        await RangedDownloader(session, FAST).download(origin.url, tmp_path / "f", Expected(len(data), digests(data)))
+        elapsed = time.monotonic() - started
+    finally:
+        await origin.stop()
+    assert origin.statuses.count(503) == 1
+    assert elapsed >= 0.95  # the answered part waited the announced second (and the others paused too)
+    assert (tmp_path / "f").read_bytes() == data
+
+
+async def test_persistent_5xx_gives_up_with_a_reason(session: aiohttp.ClientSession, tmp_path: Path) -> None:
+    data = os.urandom(300 * KiB)
+    origin = await origin_for(data)
+    origin.status = 500
+    cfg = RangedConfig(part_size=256 * KiB, concurrency=2, backoff_base_s=0.001, max_attempts=3)
+    try:
+        with pytest.raises(SourceError) as err:
+            await RangedDownloader(session, cfg).download(origin.url, tmp_path / "f", Expected(len(data)), label="m/f")
+    finally:
+        await origin.stop()
+    assert err.value.reason == "DownloadFailed"
+    assert "m/f" in err.value.message and "HTTP 500" in err.value.message
+    assert "127.0.0.1" not in err.value.message  # URLs (which may be presigned) never appear in messages
+
+
+async def test_flipped_byte_is_detected(session: aiohttp.ClientSession, tmp_path: Path) -> None:
+    data = os.urandom(1 * MiB)
+    origin = await origin_for(data)
+    origin.flip_at = 777_777
+    dest = tmp_path / "f"
+    try:
+        with pytest.raises(SourceError) as err:
+            await RangedDownloader(session, FAST).download(origin.url, dest, Expected(len(data), digests(data)))
+    finally:
+        await origin.stop()
+    assert err.value.reason == "VerificationFailed"
+    assert "md5" in err.value.message and "sha256" in err.value.message
+    assert not dest.exists() and not Path(f"{dest}.parts.json").exists()
+
+
+async def test_changed_object_is_refused(session: aiohttp.ClientSession, tmp_path: Path) -> None:
+    data = os.urandom(600 * KiB)
+    origin = await origin_for(data, etag='"v2"')
+    try:
+        with pytest.raises(SourceError) as err:
+            await RangedDownloader(session, FAST).download(origin.url, tmp_path / "f", Expected(len(data), {}, '"v1"'))
+    finally:
+        await origin.stop()
+    assert err.value.reason == "SourceChanged"
+
+
+async def test_server_ignoring_range_falls_back_to_one_stream(session: aiohttp.ClientSession, tmp_path: Path) -> None:
+    data = os.urandom(1 * MiB + 3)
+    origin = await origin_for(data)
+    origin.ignore_range = True
+    try:
+        got = await RangedDownloader(session, FAST).download(
+            origin.url, tmp_path / "f", Expected(len(data), digests(data))
+        )
+    finally:
+        await origin.stop()
+    assert (tmp_path / "f").read_bytes() == data
+    assert got.digests == digests(data)
+    assert origin.ranges[-1] is None  # the last request was a plain GET
+
+
+async def _download_until_cancelled(
+    dl: RangedDownloader, url: str, dest: Path, expected: Expected, fraction: float
+) -> int:
+    written = 0
+    half = asyncio.Event()
+
+    def on_bytes(n: int) -> None:
+        nonlocal written
+        written += n
+        if written >= expected.size * fraction:
+            half.set()
+
+    task = asyncio.ensure_future(dl.download(url, dest, expected, on_bytes=on_bytes))
+    waiter = asyncio.ensure_future(half.wait())
+    await asyncio.wait([task, waiter], return_when=asyncio.FIRST_COMPLETED)
+    assert not task.done(), "the download finished before it could be cancelled"
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    return written
+
+
+async def test_resume_after_cancel_refetches_at_most_the_parts_in_flight(
+    session: aiohttp.ClientSession, tmp_path: Path
+) -> None:
+    data = os.urandom(8 * MiB)
+    cfg = RangedConfig(part_size=512 * KiB, concurrency=4, write_buffer=64 * KiB)
+    origin = await origin_for(data)
+    origin.delay = 0.004  # slow enough to be cancelled half-way
+    dest = tmp_path / "f"
+    state_path = Path(f"{dest}.parts.json")
+    expected = Expected(len(data), digests(data), '"v1"')
+    try:
+        await _download_until_cancelled(RangedDownloader(session, cfg), origin.url, dest, expected, 0.5)
+        first_run = origin.bytes_sent
+
+        # The map is valid JSON and every part it calls done holds the right bytes.
+        part_size, done = done_parts(state_path)
+        assert part_size == cfg.part_size
+        assert 0 < len(done) < len(data) // part_size
+        on_disk = dest.read_bytes()
+        for i in done:
+            assert on_disk[i * part_size : (i + 1) * part_size] == data[i * part_size : (i + 1) * part_size]
+
+        origin.delay = 0
+        got = await RangedDownloader(session, cfg).download(origin.url, dest, expected)
+    finally:
+        await origin.stop()
+    assert dest.read_bytes() == data
+    assert got.resumed_bytes == len(done) * part_size
+    refetched = origin.bytes_sent - len(data)  # both runs together, counted at the server
+    assert first_run < len(data)
+    assert 0 <= refetched <= cfg.concurrency * cfg.part_size
+
+
+async def test_new_validator_discards_progress(session: aiohttp.ClientSession, tmp_path: Path) -> None:
+    data = os.urandom(4 * MiB)
+    cfg = RangedConfig(part_size=256 * KiB, concurrency=2, write_buffer=64 * KiB)
+    origin = await origin_for(data)
+    origin.delay = 0.003
+    dest = tmp_path / "f"
+    try:
+        await _download_until_cancelled(
+            RangedDownloader(session, cfg), origin.url, dest, Expected(len(data), {}, '"v1"'), 0.4
+        )
+        origin.delay = 0
+        origin.etag = '"v2"'  # the object was replaced
+        got = await RangedDownloader(session, cfg).download(
+            origin.url, dest, Expected(len(data), digests(data), '"v2"')
+        )
+    finally:
+        await origin.stop()
+    assert got.resumed_bytes == 0 and got.fetched_bytes == len(data)
+    assert dest.read_bytes() == data
+
+
+async def test_disk_full_mid_download_keeps_the_partial(
+    session: aiohttp.ClientSession, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    data = os.urandom(3 * MiB)
+    cfg = RangedConfig(part_size=256 * KiB, concurrency=1, write_buffer=64 * KiB)
+    origin = await origin_for(data)
+    dest = tmp_path / "f"
+    real = ranged._pwrite_all
+    calls = 0
+
+    def filling(fd: int, view: memoryview, offset: int) -> None:
+        nonlocal calls
+        calls += 1
+        if calls > 20:  # five parts of four writes each, then the disk is full
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        real(fd, view, offset)
+
+    monkeypatch.setattr(ranged, "_pwrite_all", filling)
+    try:
+        with pytest.raises(SourceError) as err:
+            await RangedDownloader(session, cfg).download(origin.url, dest, Expected(len(data), digests(data)))
+        assert err.value.reason == "InsufficientDisk"
+        _, done = done_parts(Path(f"{dest}.parts.json"))
+        assert done == [0, 1, 2, 3, 4]
+        monkeypatch.setattr(ranged, "_pwrite_all", real)
+        origin.bytes_sent = 0
+        got = await RangedDownloader(session, cfg).download(origin.url, dest, Expected(len(data), digests(data)))
+    finally:
+        await origin.stop()
+    assert got.resumed_bytes == 5 * cfg.part_size
+    assert origin.bytes_sent == len(data) - 5 * cfg.part_size
+    assert dest.read_bytes() == data
+
+
+def test_retry_after_parsing() -> None:
+    assert parse_retry_after("7") == 7.0
+    assert parse_retry_after(None) is None and parse_retry_after("soon") is None
+    when = "Wed, 21 Oct 2015 07:28:00 GMT"
+    assert parse_retry_after(when, now=1445412480 - 30) == pytest.approx(30.0)
+
+
+# ----------------------------------------------------------------------------------------------- capacity
+
+
+def _usage(free: int, size: int = 1000 * MiB, device: int = 1) -> Any:
+    return lambda _path: DiskUsage(device=device, size=size, free=free)
+
+
+def test_reserve_counts_other_downloads_and_the_margin(tmp_path: Path) -> None:
+    reg = CapacityRegistry(DiskReserve(fraction=0.10), usage=_usage(free=500 * MiB))
+    first = reg.reserve(tmp_path, 300 * MiB, "model a")
+    assert reg.reserved(tmp_path) == 300 * MiB
+    with pytest.raises(SourceError) as err:
+        reg.reserve(tmp_path, 150 * MiB, "model b")  # 500 - 300 - 150 = 50 < 100 (10 % of 1000)
+    assert err.value.reason == "InsufficientDisk" and "model b" in err.value.message
+    second = reg.reserve(tmp_path, 100 * MiB, "model b")  # 500 - 300 - 100 = 100: exactly the margin
+    first.consume(300 * MiB)  # preallocated: now counted by the free space itself
+    assert reg.reserved(tmp_path) == 100 * MiB
+    first.release()
+    second.release()
+    second.release()
+    assert reg.reserved(tmp_path) == 0
+
+
+def test_disk_reserve_parsing() -> None:
+    assert DiskReserve.parse("10%") == DiskReserve(fraction=0.10)
+    assert DiskReserve.parse("0") == DiskReserve(absolute=0)
+    assert DiskReserve.parse("50GiB").bytes_for(10**15) == 50 * 1024**3
+    assert DiskReserve.parse("20G").bytes_for(10**15) == 20 * 10**9
+    assert DiskReserve().bytes_for(1000) == 100
+    for bad in ("ten", "120%", "5 parsecs"):
+        with pytest.raises(ValueError):
+            DiskReserve.parse(bad)
+
+
+async def test_preallocation_consumes_the_reservation(session: aiohttp.ClientSession, tmp_path: Path) -> None:
+    data = os.urandom(1 * MiB)
+    origin = await origin_for(data)
+    reg = CapacityRegistry(DiskReserve(absolute=0))
+    try:
+        with reg.reserve(tmp_path, len(data), "m") as reservation:
+            await RangedDownloader(session, FAST).download(
+                origin.url, tmp_path / "f", Expected(len(data)), reservation=reservation
+            )
+            assert reservation.remaining < len(data)  # the file's blocks are allocated now
+    finally:
+        await origin.stop()
+    assert reg.reserved(tmp_path) == 0
