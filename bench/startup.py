@@ -152,12 +152,15 @@ async def main() -> None:
             if "MODEL_AGENT_PROFILE" in os.environ
             else None,
         )
-        cold = await measure(agent, client, n, args.timeout)
-        print("cold start:", cold)
-        agent.stop()
-        warm = await measure(agent, client, n, args.timeout)
-        print("warm restart:", warm)
-        agent.stop()
+        try:
+            cold = await measure(agent, client, n, args.timeout)
+            print("cold start:", cold)
+            agent.stop()
+            warm = await measure(agent, client, n, args.timeout)
+            print("warm restart:", warm)
+            agent.stop()
+        finally:
+            agent.kill()
     finally:
         await client.close()
         plane.down()
@@ -196,6 +199,8 @@ def write_report(r: dict[str, Any]) -> None:
         f"| {warm['peak_rss_mib']} | ≤ {TARGET_RSS_MB:g} ({verdict(warm['peak_rss_mib'], TARGET_RSS_MB)}) "
         f"| {warm['cpu_seconds']} |",
         "",
+        "![start-up time and memory](startup.png)",
+        "",
         "API requests made by the agent (cold start), by verb and resource:",
         "",
         "| verb resource | requests |",
@@ -210,6 +215,9 @@ def write_report(r: dict[str, Any]) -> None:
         "",
     ]
     (ROOT / "bench" / "STARTUP.md").write_text("\n".join(lines))
+    import subprocess
+
+    subprocess.run([sys.executable, str(ROOT / "bench" / "plots.py")], check=False)
 
 
 if __name__ == "__main__":

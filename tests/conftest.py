@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
 
 from model_agent.devenv.controlplane import ControlPlane
 from model_agent.devenv.olah import OlahServer
@@ -19,6 +20,14 @@ from model_agent.kube.client import KubeClient
 from tests.support.kube import Kube
 
 _ids = itertools.count(1)
+
+# Property suites: each test fixes its own example budget (``max_examples``) and ``deadline=None``; the
+# profile decides where examples come from. "ci" (the default, what `make test` runs) derives them from
+# each test's name, so every run checks the same examples and a failure reproduces exactly; "explore"
+# (HYPOTHESIS_PROFILE=explore) draws fresh random ones and keeps failures in the example database.
+settings.register_profile("ci", derandomize=True, database=None, deadline=None, print_blob=True)
+settings.register_profile("explore", deadline=None)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 
 @pytest.fixture(scope="session")

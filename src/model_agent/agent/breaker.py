@@ -113,6 +113,26 @@ class Breaker:
             if self.on_change:
                 self.on_change(False, "every held removal turned out alive")
 
+    def suspect(self, key: str, total_models: int) -> None:
+        """A candidate whose absence cannot be proven because its whole kind vanished (the CRD is gone).
+
+        It counts as pending — if the kind comes back without it, it would be removed — so a CRD deletion
+        trips the breaker (and says so) even though nothing can be confirmed; it never grants an act.
+        """
+        now = self._clock()
+        self._expire(now)
+        self._pending.setdefault(key, now)
+        would_remove = len(self._acted) + len(self._pending)
+        if self.opened_at is None and would_remove >= self.minimum and would_remove > self.ratio * max(total_models, 1):
+            self.opened_at = now
+            self.trips += 1
+            if self.on_change:
+                self.on_change(
+                    True,
+                    f"{would_remove} of {total_models} models look gone within {self.window_s:.0f}s because their "
+                    "resource type is gone (CRD deleted?); nothing is removed",
+                )
+
     def decide(self, key: str, total_models: int) -> Decision:
         now = self._clock()
         self._expire(now)

@@ -54,6 +54,9 @@ class Confirmation:
     outcome: Outcome
     live: dict[str, Any] | None = None  # the object read, when there was one
     detail: str = ""
+    # A 404 for the resource type itself (its CRD is gone): proves nothing about the object, but every model
+    # of that kind is about to look gone — the caller tells the delete breaker.
+    type_gone: bool = False
 
 
 async def confirm_absence(
@@ -66,7 +69,8 @@ async def confirm_absence(
     except ApiError as exc:
         if exc.is_object_not_found(ref.name, resource.plural):
             return Confirmation(Outcome.CONFIRMED_GONE, detail="NotFound")
-        return Confirmation(Outcome.READ_FAILED, detail=f"HTTP {exc.status} {exc.reason}: {exc.message[:200]}")
+        detail = f"HTTP {exc.status} {exc.reason}: {exc.message[:200]}"
+        return Confirmation(Outcome.READ_FAILED, detail=detail, type_gone=exc.status == 404)
     except (ApiUnavailable, TimeoutError) as exc:
         return Confirmation(Outcome.READ_FAILED, detail=str(exc) or "deadline passed")
     meta = live.get("metadata") or {}
@@ -187,5 +191,6 @@ class Confirmer:
                         break
         except (ApiError, ApiUnavailable, TimeoutError) as exc:
             detail = f"LIST failed: {exc}"
-            return [Confirmation(Outcome.READ_FAILED, detail=detail) for _ in batch]
+            gone = isinstance(exc, ApiError) and exc.status == 404
+            return [Confirmation(Outcome.READ_FAILED, detail=detail, type_gone=gone) for _ in batch]
         return [decide_from_list(w.ref, w.uid, listed) for w in batch]

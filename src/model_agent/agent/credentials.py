@@ -9,6 +9,7 @@ Differences from OME, deliberately:
   silent fall-back to anonymous, which hides misconfiguration until a gated download fails;
 * a ClusterBaseModel's Secret is read from the agent's own namespace (``--namespace``), not a hard-coded
   ``ome``; a BaseModel's from the model's namespace;
+* ``spec.storage.key`` must be a valid Secret name (``SecretInvalid`` otherwise): it goes into an API path;
 * surrounding whitespace is stripped (a trailing newline from ``kubectl create secret --from-file`` broke
   OME's Authorization header).
 The token value never reaches a log line, an Event or the ConfigMap.
@@ -19,6 +20,7 @@ from __future__ import annotations
 import base64
 import binascii
 import os
+import re
 from dataclasses import dataclass
 
 from model_agent.kube.client import ApiError, KubeClient
@@ -29,6 +31,8 @@ from model_agent.ops.logging import register_secret
 from model_agent.sources.base import SourceError
 
 DEFAULT_SECRET_DATA_KEY = "token"
+# A DNS-1123 subdomain, what the API server accepts as a Secret name.
+_SECRET_NAME = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
 
 
 @dataclass(frozen=True)
@@ -41,6 +45,11 @@ async def resolve_hf_token(client: KubeClient, obj: ModelObject, agent_namespace
     storage = obj.spec.storage
     if storage.key:
         namespace = obj.metadata.namespace if obj.kind == ModelKind.BASE_MODEL else agent_namespace
+        if len(storage.key) > 253 or not _SECRET_NAME.fullmatch(storage.key):
+            # Never put such a value in an API path ("." or ".." would address the list or the namespace).
+            raise SourceError(
+                "SecretInvalid", f"spec.storage.key {storage.key[:300]!r} is not a valid Secret name", retryable=False
+            )
         data_key = storage.parameters.get("secretKey") or DEFAULT_SECRET_DATA_KEY
         try:
             secret = await client.request("GET", SECRETS.path(namespace, storage.key))
@@ -67,6 +76,7 @@ async def resolve_hf_token(client: KubeClient, obj: ModelObject, agent_namespace
         if not token:
             raise SourceError("SecretInvalid", f"Secret {namespace}/{storage.key} key {data_key!r} is empty")
         register_secret(token)
+        register_secret(raw)  # the Secret's own base64 text, should an object or a response ever be logged
         return ResolvedToken(token, "secret")
     inline = storage.parameters.get("token", "").strip()
     if inline:
@@ -77,3 +87,43 @@ async def resolve_hf_token(client: KubeClient, obj: ModelObject, agent_namespace
         register_secret(env)
         return ResolvedToken(env, "environment")
     return ResolvedToken(None, "anonymous")
+
+
+async def read_storage_secret(client: KubeClient, obj: ModelObject, agent_namespace: str) -> dict[str, str] | None:
+    """The decoded data of the Secret named by ``spec.storage.key`` (for S3 and other keyed sources).
+
+    None when no key is named. Same namespace rule and errors as :func:`resolve_hf_token`: a named Secret
+    that is missing is ``SecretNotFound``, not a fall-back to ambient credentials. Values are stripped of
+    surrounding whitespace and registered for log masking; entries that are not text are left out.
+    """
+    storage = obj.spec.storage
+    if not storage.key:
+        return None
+    namespace = obj.metadata.namespace if obj.kind == ModelKind.BASE_MODEL else agent_namespace
+    if len(storage.key) > 253 or not _SECRET_NAME.fullmatch(storage.key):
+        raise SourceError(
+            "SecretInvalid", f"spec.storage.key {storage.key[:300]!r} is not a valid Secret name", retryable=False
+        )
+    try:
+        secret = await client.request("GET", SECRETS.path(namespace, storage.key))
+    except ApiError as exc:
+        if exc.status == 404:
+            raise SourceError(
+                "SecretNotFound", f"Secret {namespace}/{storage.key} named by spec.storage.key does not exist"
+            ) from None
+        if exc.status in (401, 403):
+            raise SourceError(
+                "SecretForbidden", f"the agent may not read Secret {namespace}/{storage.key} (RBAC)"
+            ) from None
+        raise
+    data: dict[str, str] = {}
+    for name, raw in (secret.get("data") or {}).items():
+        if not isinstance(raw, str):
+            continue
+        try:
+            value = base64.b64decode(raw, validate=True).decode().strip()
+        except (binascii.Error, UnicodeDecodeError):
+            continue
+        register_secret(value)
+        data[str(name)] = value
+    return data

@@ -16,16 +16,18 @@ special code: a Ready model with an intact manifest stays Ready without a downlo
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import os
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import structlog
 
-from model_agent.agent.credentials import resolve_hf_token
+from model_agent.agent.credentials import read_storage_secret, resolve_hf_token
 from model_agent.agent.fetcher import Fetcher, Job
 from model_agent.agent.node_configmap import NodeConfigMap
 from model_agent.agent.node_labels import NodeLabels
@@ -50,7 +52,7 @@ from model_agent.model.uris import (
 )
 from model_agent.ops.events import NORMAL, WARNING, EventRecorder, ObjectRef
 from model_agent.ops.metrics import Metrics
-from model_agent.sources.base import FetchRequest, Progress, SourceError, publish
+from model_agent.sources.base import FetchRequest, Progress, Source, SourceError, publish
 from model_agent.sources.hf import HuggingFaceSource
 
 log = structlog.get_logger(__name__)
@@ -105,6 +107,10 @@ class Context:
     models_store: dict[str, Any]  # kind -> Store
     requeue_after: Any  # Callable[[str, float], None]
     busy: Callable[[], bool] = lambda: False
+    # An async context manager factory: (source, on_wait) -> holds one of the fleet's origin slots.
+    origin_slots: Callable[[str, Callable[[], None]], Any] = lambda _source, _on_wait: contextlib.nullcontext()
+    # Sources by storage type besides ``hf`` (which serves HUGGINGFACE); a type listed here is fetchable.
+    sources: dict[StorageType, Source] = field(default_factory=dict)
 
 
 def _store_key(ref: ModelRef) -> str:
@@ -143,15 +149,54 @@ class Reconciler:
             return Target(uri, Path("/"), self.ctx.layout.primary, stype)
         if stype == StorageType.LOCAL:
             # Local paths are read, never written or deleted: they need not be under the models root.
-            path = Path(raw_path)
-            if not path.is_absolute():
-                raise Invalid("InvalidPath", f"local path {raw_path!r} is not absolute")
+            try:
+                path = self.ctx.layout.check_local(raw_path)
+            except PathRefused as exc:
+                raise Invalid("InvalidPath", str(exc)) from None
             return Target(uri, path, self.ctx.layout.primary, stype)
         try:
             root, dest = self.ctx.layout.confine(raw_path)
         except PathRefused as exc:
             raise Invalid("PathRefused", str(exc)) from None
+        if stype in OWNED_TYPES:
+            holder = self._older_claim(obj, uri, raw_path, dest)
+            if holder is not None:
+                raise Invalid(
+                    "PathConflict",
+                    f"spec.storage.path {raw_path!r} is already the destination of {holder} with another "
+                    "source; two sources cannot share one directory",
+                )
         return Target(uri, dest, root, stype)
+
+    def _older_claim(self, obj: ModelObject, uri: str, raw_path: str, dest: Path) -> str | None:
+        """The key of an older live model on this node that writes another source into the same directory.
+
+        Two sources published into one directory overwrite each other's files forever; the older model (by
+        creationTimestamp, then key) keeps the directory and the newer one fails. Paths are compared as
+        written and normalised (no file system access, so this stays cheap with thousands of models).
+        """
+        mine = {os.path.normpath(raw_path), str(dest)}
+        own = self.cached_object(obj.ref) or {}
+        rank = (str((own.get("metadata") or {}).get("creationTimestamp") or ""), obj.ref.key)
+        for kind, store in self.ctx.models_store.items():
+            for other in store.values():
+                storage = (other.get("spec") or {}).get("storage") or {}
+                path, other_uri = storage.get("path"), storage.get("storageUri")
+                if not isinstance(path, str) or other_uri == uri or os.path.normpath(path) not in mine:
+                    continue
+                meta = other.get("metadata") or {}
+                key = f"{kind}/{meta.get('namespace') or ''}/{meta.get('name')}"
+                if key == obj.ref.key or meta.get("deletionTimestamp"):
+                    continue
+                if (str(meta.get("creationTimestamp") or ""), key) > rank:
+                    continue
+                try:
+                    other_obj = ModelObject.from_dict(kind, other)
+                except InvalidModel:
+                    continue
+                if node_selected(other_obj.spec.storage, self.node_labels(), self.ctx.node_name):
+                    return key
+        return None
 
     # ------------------------------------------------------------------------------------- the loop body
 
@@ -235,7 +280,7 @@ class Reconciler:
         superseded: Manifest | None = None,
     ) -> None:
         ctx = self.ctx
-        if target.storage_type not in FETCHABLE_TYPES:
+        if target.storage_type not in FETCHABLE_TYPES and target.storage_type not in ctx.sources:
             await self._fail(
                 ref,
                 raw,
@@ -287,6 +332,9 @@ class Reconciler:
                     "PlaintextToken",
                     "spec.storage.parameters.token holds a plain-text token; use a Secret via spec.storage.key",
                 )
+        secret = None
+        if target.storage_type != StorageType.HUGGINGFACE:
+            secret = await read_storage_secret(ctx.client, obj, ctx.namespace)
         staging = target.root.staging / token_for(ref.key)
         last_write = [0.0]
         pending: list[asyncio.Task[None]] = []
@@ -304,11 +352,21 @@ class Reconciler:
             staging=staging,
             previous=previous,
             token=token,
+            secret=secret,
             parameters=dict(obj.spec.storage.parameters),
             on_progress=on_progress,
+            root=target.root.path,
         )
+
+        def queued() -> None:
+            job.progress = Progress(phase="queued")
+            pending.append(
+                asyncio.get_running_loop().create_task(self._write_progress(ref, obj, job.progress, started))
+            )
+
         try:
-            result = await ctx.hf.fetch(request)
+            async with ctx.origin_slots(target.storage_uri, queued):
+                result = await ctx.sources.get(target.storage_type, ctx.hf).fetch(request)
             if superseded is not None:
                 try:
                     await ctx.remover.replace_superseded(ref, superseded, target.id)

@@ -90,6 +90,8 @@ class Remover:
         ctx.metrics.confirmations.labels(confirmation.outcome.value).inc()
         if confirmation.outcome == Outcome.READ_FAILED:
             log.warning("absence unproven; will retry", key=ref.key, why=candidate.why, detail=confirmation.detail)
+            if confirmation.type_gone:
+                ctx.breaker.suspect(ref.key, total_models=self._model_count())
             raise Requeue(f"confirmation read failed: {confirmation.detail}")
         if confirmation.outcome == Outcome.ALIVE_SAME_UID and not await self._deselected(confirmation):
             ctx.breaker.forget(ref.key)

@@ -37,9 +37,11 @@ from model_agent.agent.confirm import Confirmer
 from model_agent.agent.fetcher import Fetcher
 from model_agent.agent.node_configmap import NodeConfigMap
 from model_agent.agent.node_labels import NodeLabels
+from model_agent.agent.origin_slots import OriginSlots
 from model_agent.agent.reconciler import Context, Reconciler
 from model_agent.agent.removal import RemovalContext, Remover
 from model_agent.agent.requeue import Requeue
+from model_agent.agent.resolve_cache import ResolveCache
 from model_agent.agent.settings import Settings
 from model_agent.kube.client import ApiError, ApiUnavailable, KubeClient
 from model_agent.kube.ratelimit import TokenBucket
@@ -101,6 +103,12 @@ class Agent:
             client, settings.namespace, node, lambda: self.configmap.store.get(f"{settings.namespace}/{node}")
         )
         self.fetcher = Fetcher(settings.num_download_worker, self.queue.add)
+        self.origin = OriginSlots(
+            client, settings.namespace, node, settings.max_concurrent_origin_fetches, lease_s=settings.origin_lease_s
+        )
+        self.resolve_cache = (
+            ResolveCache(client, settings.namespace) if settings.max_concurrent_origin_fetches else None
+        )
         self.breaker = Breaker(
             ratio=settings.delete_breaker_ratio,
             minimum=settings.delete_breaker_min,
@@ -147,10 +155,11 @@ class Agent:
                 events=self.events,
                 metrics=self.metrics,
                 remover=self.remover,
-                hf=HuggingFaceSource(settings.hf_endpoint),
+                hf=HuggingFaceSource(settings.hf_endpoint, resolve_cache=self.resolve_cache),
                 models_store={kind: r.store for kind, r in self.models.items()},
                 requeue_after=self._requeue_after,
                 busy=lambda: self.queue.depth + self.queue.processing_count > 0,
+                origin_slots=self.origin.hold,
             )
         )
         self._label_index: dict[str, str] = {}

@@ -43,6 +43,10 @@ class Settings(BaseSettings):
     api_qps: float = 5.0
     api_burst: int = 10
 
+    # fleet-wide origin protection (0: no limit, and no cluster-wide resolve records)
+    max_concurrent_origin_fetches: int = 0
+    origin_lease_s: int = 30
+
     # drift and load
     resync_interval_s: float = 300.0
     verify_interval_s: float = 86400.0

@@ -64,6 +64,10 @@ def run(
     ] = None,
     api_qps: Annotated[float | None, Opt(help="Client-side API request rate limit (5; 0: none).")] = None,
     api_burst: Annotated[int | None, Opt(help="Client-side API burst (10).")] = None,
+    max_concurrent_origin_fetches: Annotated[
+        int | None, Opt(help="Nodes fetching the same model at once, fleet-wide, via Leases (0: no limit).")
+    ] = None,
+    origin_lease_seconds: Annotated[int | None, Opt(help="Duration of an origin slot Lease (30).")] = None,
 ) -> None:
     """Run the node agent: watch models, fetch weights, label the Node, keep the ConfigMap."""
     given: dict[str, Any] = {
@@ -91,6 +95,8 @@ def run(
         "confirm_batch_threshold": confirm_batch_threshold,
         "api_qps": api_qps,
         "api_burst": api_burst,
+        "max_concurrent_origin_fetches": max_concurrent_origin_fetches,
+        "origin_lease_s": origin_lease_seconds,
     }
     kwargs = {k: v for k, v in given.items() if v is not None}
     if not os.environ.get("NODE_NAME") and node_name:

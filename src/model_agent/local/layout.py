@@ -10,8 +10,11 @@ Each allowed root (``--models-root-dir`` plus any ``--allowed-root``) carries th
 
 :func:`confine` is the single gate for model destinations: a destination must be absolute, normalised
 (no ``.``/``..`` segments), strictly inside an allowed root after resolving symlinks of every existing
-ancestor, and never the root itself or the agent's private area. Anything else raises
-:class:`PathRefused` with a reason fit for a ``Failed`` status.
+ancestor, and never the root itself or the agent's private area; at most 4096 bytes long with no
+component over 255 bytes; no control characters. Anything else raises :class:`PathRefused` with a reason
+fit for a ``Failed`` status. Validation happens long before anything is written, so the publish step
+re-checks the destination without following symlinks right before each rename
+(:func:`model_agent.sources.base.publish`).
 """
 
 from __future__ import annotations
@@ -22,6 +25,9 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
 PRIVATE_DIR = ".model-agent"
+# Linux's PATH_MAX and NAME_MAX: longer paths cannot be created, and their errors are worse than ours.
+MAX_PATH_BYTES = 4096
+MAX_NAME_BYTES = 255
 
 
 class PathRefused(Exception):
@@ -87,21 +93,92 @@ class Layout:
             return self.primary
 
     def confine(self, raw: str) -> tuple[Root, Path]:
-        """Validate a destination from a model spec; return its root and the resolved absolute path."""
+        """Validate a destination from a model spec; return its root and the resolved absolute path.
+
+        Checks, in order, each with its own message: empty; control characters; longer than
+        :data:`MAX_PATH_BYTES`; a component longer than :data:`MAX_NAME_BYTES`; not absolute; ``.``/``..``
+        segments; outside every allowed root after resolving symlinks (a link planted inside a root must not
+        lead out); the root itself; the agent's private area.
+        """
         if not raw:
             raise PathRefused("spec.storage.path is empty: set an absolute path under the models root")
-        if "\x00" in raw or any(ord(c) < 32 for c in raw):
-            raise PathRefused("spec.storage.path contains control characters")
+        if any(ord(c) < 32 or ord(c) == 127 for c in raw):
+            raise PathRefused(f"spec.storage.path {_shown(raw)} contains control characters")
+        size = len(raw.encode("utf-8", "surrogatepass"))
+        if size > MAX_PATH_BYTES:
+            raise PathRefused(f"spec.storage.path is {size} bytes long, over the {MAX_PATH_BYTES}-byte limit")
+        for part in raw.split("/"):
+            if len(part.encode("utf-8", "surrogatepass")) > MAX_NAME_BYTES:
+                raise PathRefused(
+                    f"spec.storage.path {_shown(raw)} has a component over the {MAX_NAME_BYTES}-byte limit"
+                )
         posix = PurePosixPath(raw)
         if not posix.is_absolute():
-            raise PathRefused(f"spec.storage.path {raw!r} is not absolute")
+            raise PathRefused(f"spec.storage.path {_shown(raw)} is not absolute")
         if any(part in (".", "..") for part in raw.split("/")):
-            raise PathRefused(f"spec.storage.path {raw!r} contains '.' or '..' segments")
-        # Resolve symlinks of the existing ancestors: a link planted inside the root must not lead out.
-        resolved = Path(os.path.realpath(raw))
-        root = self.root_of(resolved)
+            raise PathRefused(f"spec.storage.path {_shown(raw)} contains '.' or '..' segments")
+        try:
+            resolved = Path(os.path.realpath(raw))
+        except (OSError, ValueError) as exc:
+            raise PathRefused(f"spec.storage.path {_shown(raw)} cannot be resolved: {exc}") from None
+        if _has_symlink(resolved):  # realpath leaves a symlink loop unresolved
+            raise PathRefused(f"spec.storage.path {_shown(raw)} goes through a symlink that cannot be resolved")
+        try:
+            root = self.root_of(resolved)
+        except PathRefused:
+            roots = ", ".join(str(r.path) for r in self.roots)
+            if resolved != Path("/" + raw.lstrip("/")):  # Path() collapses repeated and trailing slashes
+                raise PathRefused(
+                    f"spec.storage.path {_shown(raw)} resolves through a symlink to {str(resolved)!r}, outside "
+                    f"the allowed roots ({roots})"
+                ) from None
+            raise PathRefused(f"spec.storage.path {_shown(raw)} is outside the allowed roots ({roots})") from None
         if resolved == root.path:
-            raise PathRefused(f"spec.storage.path {raw!r} is the models root itself")
+            raise PathRefused(f"spec.storage.path {_shown(raw)} is the models root itself")
         if resolved == root.private or root.private in resolved.parents:
-            raise PathRefused(f"spec.storage.path {raw!r} is inside the agent's private area")
+            raise PathRefused(f"spec.storage.path {_shown(raw)} is inside the agent's private area")
         return root, resolved
+
+    def check_local(self, raw: str) -> Path:
+        """Validate a ``local://`` source path; return it as given.
+
+        Local weights are read in place, never written or deleted, so they may live outside the roots; but
+        the path must still be absolute and normalised, free of control characters, and never the root
+        itself or inside the agent's private area (its manifests, staging and trash are not a model).
+        """
+        if not raw:
+            raise PathRefused("local path is empty")
+        if any(ord(c) < 32 or ord(c) == 127 for c in raw):
+            raise PathRefused(f"local path {_shown(raw)} contains control characters")
+        if len(raw.encode("utf-8", "surrogatepass")) > MAX_PATH_BYTES:
+            raise PathRefused(f"local path is over the {MAX_PATH_BYTES}-byte limit")
+        if not PurePosixPath(raw).is_absolute():
+            raise PathRefused(f"local path {_shown(raw)} is not absolute")
+        if any(part in (".", "..") for part in raw.split("/")):
+            raise PathRefused(f"local path {_shown(raw)} contains '.' or '..' segments")
+        resolved = Path(os.path.realpath(raw))
+        for root in self.roots:
+            if resolved == root.path:
+                raise PathRefused(f"local path {_shown(raw)} is the models root itself")
+            if resolved == root.private or root.private in resolved.parents:
+                raise PathRefused(f"local path {_shown(raw)} is inside the agent's private area")
+        return Path(raw)
+
+
+def _has_symlink(path: Path) -> bool:
+    """Is any existing component of ``path`` still a symlink?"""
+    for p in (*reversed(path.parents), path):
+        try:
+            if p.is_symlink():
+                return True
+        except OSError:
+            return True
+        if not p.exists():
+            return False
+    return False
+
+
+def _shown(raw: str) -> str:
+    """A path as it should appear in a message: quoted, escaped, and bounded in length."""
+    text = repr(raw)
+    return text if len(text) <= 300 else text[:297] + "..."

@@ -35,6 +35,9 @@ class FileRecord:
     sha256: str | None = None
     git_sha1: str | None = None
     mtime_ns: int = 0
+    # The source's version tag of the object the file came from (an S3 ETag), when it has one: lets the
+    # next fetch reuse the file without hashing it. Manifests written before this field load with None.
+    etag: str | None = None
 
 
 @dataclass

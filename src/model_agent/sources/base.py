@@ -13,14 +13,17 @@ Sources must be cancellable: between files at the least.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import errno
 import os
 import shutil
+import stat
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
-from model_agent.local.manifest import FileRecord, Manifest, fsync_dir
+from model_agent.local.manifest import FileRecord, Manifest
 
 
 class SourceError(Exception):
@@ -51,7 +54,11 @@ class FetchRequest:
     previous: Manifest | None
     token: str | None = None
     parameters: dict[str, str] = field(default_factory=dict)
+    # Decoded data of the Secret named by ``spec.storage.key`` (sources other than hf://), or None.
+    secret: dict[str, str] | None = None
     on_progress: ProgressFn = lambda _p: None
+    # The allowed root ``dest`` was confined to; when set, publish refuses a ``dest`` not strictly inside it.
+    root: Path | None = None
 
 
 @dataclass
@@ -66,41 +73,174 @@ class Source(Protocol):
     async def fetch(self, request: FetchRequest) -> FetchResult: ...
 
 
+class ResolveRecords(Protocol):
+    """Where a source may find (and leave) a revision already resolved by another node of the cluster."""
+
+    async def get(self, uri: str, revision: str) -> tuple[str, list[dict[str, Any]]] | None: ...
+
+    async def put(self, uri: str, commit: str, files: list[dict[str, Any]]) -> None: ...
+
+
 def publish(request: FetchRequest, result: FetchResult) -> list[FileRecord]:
     """Move staged files into place and return the final records (with the published mtimes).
 
     When the destination does not exist yet, the whole staging directory (every file verified) is renamed
     into place in one step, so the model appears complete or not at all; otherwise file by file.
+
+    The destination was confined (inside an allowed root, symlinks resolved) when the spec was validated,
+    which may be long ago. So every directory written into here is reached by walking from ``/`` one
+    component at a time with ``O_NOFOLLOW`` (creating missing ones), and every rename and unlink is
+    relative to a directory descriptor from that walk: a symlink planted meanwhile anywhere between ``/``
+    and a file is refused (``UnsafePath``), never followed, and nothing is written or removed outside.
     """
     dest = request.dest
-    touched_dirs: set[Path] = set()
-    if not dest.exists() and not dest.is_symlink() and len(result.staged) == len(result.files):
-        shutil.rmtree(request.staging / ".cache", ignore_errors=True)  # huggingface_hub's bookkeeping
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        os.rename(request.staging, dest)
-        fsync_dir(dest.parent)
-        return [_published(dest, f) for f in result.files]
-    dest.mkdir(parents=True, exist_ok=True)
-    for rel in result.staged:
-        src = request.staging / rel
-        target = dest / rel
-        target.parent.mkdir(parents=True, exist_ok=True)
-        os.replace(src, target)
-        touched_dirs.add(target.parent)
-    wanted = {f.path for f in result.files}
-    if request.previous is not None and Path(request.previous.dest) == dest:
-        for old in request.previous.files:
-            if old.path not in wanted:
+    _check_destination(request)
+    touched: dict[tuple[str, ...], int] = {}  # directories written into, by path below dest; we own the fds
+    staging_dirs: dict[tuple[str, ...], int] = {}
+    try:
+        parent_fd = _open_dir(dest.parent, create=True, floor=request.root)
+        touched[("..",)] = parent_fd
+        whole = not _exists_at(parent_fd, dest.name) and len(result.staged) == len(result.files)
+        if whole:
+            shutil.rmtree(request.staging / ".cache", ignore_errors=True)  # huggingface_hub's bookkeeping
+            staging_parent_fd = _open_dir(request.staging.parent, create=False)
+            try:
+                os.rename(request.staging.name, dest.name, src_dir_fd=staging_parent_fd, dst_dir_fd=parent_fd)
+            finally:
+                os.close(staging_parent_fd)
+            os.fsync(parent_fd)
+            return [_published(dest, f) for f in result.files]
+        dest_fd = _open_dir(dest, create=True, floor=request.root)
+        touched[()] = dest_fd
+        staging_fd = staging_dirs[()] = _open_dir(request.staging, create=False)
+        for rel in result.staged:
+            *dirs, name = _parts(rel)
+            src_fd = _subdir(staging_fd, tuple(dirs), staging_dirs, create=False, shown=request.staging)
+            dst_fd = _subdir(dest_fd, tuple(dirs), touched, create=True, shown=dest)
+            os.replace(name, name, src_dir_fd=src_fd, dst_dir_fd=dst_fd)
+        wanted = {f.path for f in result.files}
+        if request.previous is not None and Path(request.previous.dest) == dest:
+            for old in request.previous.files:
+                if old.path in wanted:
+                    continue
+                *dirs, name = _parts(old.path)
                 with contextlib.suppress(FileNotFoundError):
-                    (dest / old.path).unlink()
-                    touched_dirs.add((dest / old.path).parent)
-    for d in touched_dirs:
-        fsync_dir(d)
+                    dir_fd = _subdir(dest_fd, tuple(dirs), touched, create=False, shown=dest)
+                    os.unlink(name, dir_fd=dir_fd)
+        for fd in touched.values():
+            os.fsync(fd)
+    finally:
+        for fd in [*touched.values(), *staging_dirs.values()]:
+            os.close(fd)
     final = [_published(dest, f) for f in result.files]
     shutil.rmtree(request.staging, ignore_errors=True)
     return final
 
 
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def _unsafe(message: str) -> SourceError:
+    return SourceError("UnsafePath", message, retryable=False)
+
+
+def _check_destination(request: FetchRequest) -> None:
+    dest = request.dest
+    if not dest.is_absolute() or any(p in (".", "..") for p in dest.parts):
+        raise _unsafe(f"destination {str(dest)!r} is not a normalised absolute path")
+    if request.root is not None and request.root not in dest.parents:
+        raise _unsafe(f"destination {str(dest)!r} is not inside its root {str(request.root)!r}")
+
+
+def _parts(rel: str) -> list[str]:
+    """The components of a file path relative to the destination; refused unless plain names."""
+    parts = rel.split("/")
+    if not rel or any(p in ("", ".", "..") or "\x00" in p for p in parts):
+        raise _unsafe(f"file path {rel!r} is not a plain relative path")
+    return parts
+
+
+def _exists_at(dir_fd: int, name: str) -> bool:
+    try:
+        os.lstat(name, dir_fd=dir_fd)
+    except FileNotFoundError:
+        return False
+    return True
+
+
+def _open_dir(path: Path, *, create: bool, floor: Path | None = None) -> int:
+    """A descriptor of the directory ``path``, reached from ``/`` without following any symlink.
+
+    With ``create``, missing directories are made, but only below ``floor`` (when given): nothing is ever
+    created outside the root.
+    """
+    fd = os.open("/", _DIR_FLAGS)
+    try:
+        if floor is not None and (floor == path or floor in path.parents):
+            below = _walk(fd, floor.parts[1:], create=False, shown=Path("/"))
+            try:
+                return _walk(below, path.parts[len(floor.parts) :], create=create, shown=floor)
+            finally:
+                os.close(below)
+        return _walk(fd, path.parts[1:], create=create, shown=Path("/"))
+    finally:
+        os.close(fd)
+
+
+def _subdir(
+    base_fd: int, dirs: tuple[str, ...], cache: dict[tuple[str, ...], int], *, create: bool, shown: Path
+) -> int:
+    """The descriptor of ``dirs`` below ``base_fd`` (cached; the cache owns the descriptors)."""
+    if dirs in cache:
+        return cache[dirs]
+    fd = _walk(base_fd, dirs, create=create, shown=shown)
+    cache[dirs] = fd
+    return fd
+
+
+def _walk(base_fd: int, parts: tuple[str, ...] | list[str], *, create: bool, shown: Path) -> int:
+    """Open ``parts`` one by one below ``base_fd`` with O_NOFOLLOW; return a new descriptor (caller closes)."""
+    fd = os.dup(base_fd)
+    here = shown
+    try:
+        for part in parts:
+            here = here / part
+            try:
+                nxt = _open_child(fd, part, create=create)
+            except OSError as exc:
+                if exc.errno == errno.ENOENT:
+                    raise
+                if _is_symlink_at(fd, part):
+                    raise _unsafe(f"{str(here)!r} is a symlink; refusing to write through it") from None
+                if exc.errno in (errno.ENOTDIR, errno.EEXIST):
+                    raise _unsafe(f"{str(here)!r} exists and is not a directory") from None
+                raise
+            os.close(fd)
+            fd = nxt
+        return fd
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def _open_child(fd: int, name: str, *, create: bool) -> int:
+    try:
+        return os.open(name, _DIR_FLAGS, dir_fd=fd)
+    except FileNotFoundError:
+        if not create:
+            raise
+    with contextlib.suppress(FileExistsError):  # created meanwhile: the open below checks what it is
+        os.mkdir(name, 0o777, dir_fd=fd)
+    return os.open(name, _DIR_FLAGS, dir_fd=fd)
+
+
+def _is_symlink_at(fd: int, name: str) -> bool:
+    try:
+        return stat.S_ISLNK(os.lstat(name, dir_fd=fd).st_mode)
+    except OSError:
+        return False
+
+
 def _published(dest: Path, f: FileRecord) -> FileRecord:
     st = (dest / f.path).stat()
-    return FileRecord(f.path, f.size, f.sha256, f.git_sha1, st.st_mtime_ns)
+    return dataclasses.replace(f, mtime_ns=st.st_mtime_ns)

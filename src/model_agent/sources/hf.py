@@ -14,6 +14,7 @@ discarded later); huggingface_hub's blocking calls run in worker threads so the 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,7 +26,7 @@ from huggingface_hub.hf_api import RepoFile
 
 from model_agent.local.manifest import FileRecord, file_digest
 from model_agent.model.uris import parse_hf_uri
-from model_agent.sources.base import FetchRequest, FetchResult, Progress, SourceError
+from model_agent.sources.base import FetchRequest, FetchResult, Progress, ResolveRecords, SourceError
 
 MAX_PARALLEL_FILES = 4
 METADATA_TIMEOUT_S = 30.0
@@ -59,8 +60,10 @@ def _classify(exc: Exception, repo: str, revision: str) -> SourceError:
 
 
 class HuggingFaceSource:
-    def __init__(self, endpoint: str | None = None) -> None:
+    def __init__(self, endpoint: str | None = None, resolve_cache: ResolveRecords | None = None) -> None:
         self.endpoint = endpoint or os.environ.get("HF_ENDPOINT") or None
+        self.resolve_cache = resolve_cache
+        self.api_calls = 0  # hub API calls made (revision + tree), for the fleet budget
 
     def _resolve(self, repo: str, revision: str, token: str | None) -> tuple[str, list[RemoteFile]]:
         """Resolve the revision to a commit, then list every file of that commit with sizes and hashes."""
@@ -92,12 +95,20 @@ class HuggingFaceSource:
         repo, revision, token = uri.repo_id, uri.revision, request.token
         progress = Progress(phase="scanning")
         request.on_progress(progress)
-        try:
-            commit, remote_files = await asyncio.to_thread(self._resolve, repo, revision, token)
-        except SourceError:
-            raise
-        except Exception as exc:
-            raise _classify(exc, repo, revision) from exc
+        cached = await self.resolve_cache.get(request.storage_uri, revision) if self.resolve_cache else None
+        if cached is not None:
+            commit = cached[0]
+            remote_files = [RemoteFile(**f) for f in cached[1]]
+        else:
+            try:
+                commit, remote_files = await asyncio.to_thread(self._resolve, repo, revision, token)
+            except SourceError:
+                raise
+            except Exception as exc:
+                raise _classify(exc, repo, revision) from exc
+            self.api_calls += 2
+            if self.resolve_cache is not None:
+                await self.resolve_cache.put(request.storage_uri, commit, [dataclasses.asdict(f) for f in remote_files])
         _refuse_unsafe_paths(repo, remote_files)
 
         previous = {f.path: f for f in (request.previous.files if request.previous else [])}

@@ -67,7 +67,7 @@ import threading
 import time
 import zlib
 from collections import deque
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
@@ -81,7 +81,7 @@ MiB = 1024 * 1024
 DEFAULT_PART_SIZE = 16 * MiB
 DEFAULT_CONCURRENCY = 8
 DEFAULT_WRITE_BUFFER = 1 * MiB
-HASH_BLOCK = 8 * MiB
+HASH_BLOCK = 2 * MiB
 STATE_VERSION = 1
 SUPPORTED_CHECKSUMS = frozenset({"md5", "sha1", "sha256", "crc32"})
 
@@ -297,16 +297,14 @@ def _pwrite_all(fd: int, data: memoryview, offset: int) -> None:
         data, offset = data[n:], offset + n
 
 
-def _pread_exact(fd: int, offset: int, length: int) -> bytes:
-    chunks = []
-    while length > 0:
-        chunk = os.pread(fd, length, offset)
-        if not chunk:
+def _pread_into(fd: int, buf: bytearray, offset: int, length: int) -> None:
+    """Fill ``buf[:length]`` from ``offset`` (into a reused buffer: no allocation per block)."""
+    view = memoryview(buf)[:length]
+    while view:
+        n = os.preadv(fd, [view], offset)
+        if n == 0:
             raise OSError(errno.EIO, f"unexpected end of file at offset {offset}")
-        chunks.append(chunk)
-        offset += len(chunk)
-        length -= len(chunk)
-    return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+        view, offset = view[n:], offset + n
 
 
 _libc_fallocate: Any = None
@@ -384,7 +382,7 @@ class _Span:
     end: int  # exclusive
 
 
-async def _first_error(coros: Iterable[Any]) -> None:
+async def run_all(coros: Iterable[Any]) -> None:
     """Run the coroutines; on the first exception cancel the others, wait for them, and re-raise it."""
     tasks = [asyncio.ensure_future(c) for c in coros]
     try:
@@ -412,6 +410,7 @@ class RangedDownloader:
         self.session = session
         self.config = config or RangedConfig()
         self._slots = asyncio.Semaphore(self.config.concurrency)
+        self._buffers: list[bytearray] = []  # one write buffer per slot, reused across parts and files
         self._not_before = 0.0
 
     async def download(
@@ -446,6 +445,16 @@ class RangedDownloader:
             reservation,
         )
         return await job.run()
+
+    @contextlib.asynccontextmanager
+    async def _slot(self) -> AsyncIterator[bytearray]:
+        """A part slot and its write buffer: memory is bounded by the slots, not by the files in progress."""
+        async with self._slots:
+            buf = self._buffers.pop() if self._buffers else bytearray(self.config.write_buffer)
+            try:
+                yield buf
+            finally:
+                self._buffers.append(buf)
 
     # -- shared pause (Retry-After)
     def _pause(self, seconds: float) -> None:
@@ -590,7 +599,7 @@ class _Job:
             if self.queue:
                 workers = min(len(self.queue), self.cfg.concurrency)
                 try:
-                    await _first_error(self._worker() for _ in range(workers))
+                    await run_all(self._worker() for _ in range(workers))
                 except _RangeIgnored:
                     await self._single_stream()
             await self._flush_now()
@@ -618,10 +627,9 @@ class _Job:
     # ------------------------------------------------------------------ parts
 
     async def _worker(self) -> None:
-        buf = bytearray(min(self.cfg.write_buffer, self.cfg.part_size))
         while self.queue:
             i = self.queue.popleft()
-            async with self.dl._slots:
+            async with self.dl._slot() as buf:
                 await self._fetch_part(i, buf)
             self._part_done(i)
 
@@ -783,13 +791,12 @@ class _Job:
     async def _single_stream(self) -> None:
         """The server ignores Range: fetch the whole body in one stream, recording parts as it passes them."""
         failures = 0
-        buf = bytearray(min(self.cfg.write_buffer, max(1, self.size)))
         self.sequential = True
         while True:
             await self.dl._wait_turn()
             span = _Span(0, self.size)
             try:
-                async with self.dl._slots:
+                async with self.dl._slot() as buf:
                     await self._stream(span, buf, whole=True)
                 return
             except (_Retry, aiohttp.ClientError, TimeoutError) as exc:
@@ -821,6 +828,7 @@ class _Job:
 
     async def _hash_loop(self) -> dict[str, str]:
         hashers = [_new_hasher(alg) for alg in self.algorithms]
+        buf = bytearray(min(HASH_BLOCK, self.size))
         hashed = 0
         while hashed < self.size:
             limit = self._frontier_bytes()
@@ -828,8 +836,9 @@ class _Job:
                 self.part_event.clear()
                 await self.part_event.wait()
                 continue
-            length = min(HASH_BLOCK, limit - hashed)
-            block = await self.io.run(_pread_exact, self.fd, hashed, length)
+            length = min(len(buf), limit - hashed)
+            await self.io.run(_pread_into, self.fd, buf, hashed, length)
+            block = memoryview(buf)[:length]
             if len(hashers) == 1:
                 await self.io.run(hashers[0].update, block)
             else:  # each update releases the GIL: use both cores

@@ -1,0 +1,87 @@
+"""Resolve each model revision once per cluster: the hub's API is a shared, rate-limited budget.
+
+The first node to fetch a Hugging Face model (the first holder of its origin slot) resolves the revision
+to a commit and lists the files with their sizes and hashes; it records the answer in a ConfigMap
+``model-agent-resolve-<hash>`` in the agent's namespace. Every other node reads that record instead of
+calling the hub, so hub API calls per model revision do not grow with the node count (file downloads
+remain one request per file per node, or a mirror's).
+
+A record for a revision that is a full commit sha never expires; one for a branch or tag is trusted for
+``ttl_s`` (default 10 min), after which the next node resolves again. A record that cannot be read or
+parsed is ignored (the node resolves by itself); failing to write one is logged, never fatal.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import time
+from typing import Any
+
+import structlog
+
+from model_agent.kube.client import ApiError, ApiUnavailable, KubeClient
+from model_agent.kube.resources import CONFIGMAPS
+
+log = structlog.get_logger(__name__)
+
+_COMMIT = re.compile(r"^[0-9a-f]{40}$")
+
+
+class ResolveCache:
+    def __init__(self, client: KubeClient, namespace: str, *, ttl_s: float = 600.0) -> None:
+        self._client = client
+        self._namespace = namespace
+        self._ttl_s = ttl_s
+        self.hits = 0
+        self.misses = 0
+
+    @staticmethod
+    def name(uri: str) -> str:
+        return "model-agent-resolve-" + hashlib.sha256(uri.encode()).hexdigest()[:24]
+
+    async def get(self, uri: str, revision: str) -> tuple[str, list[dict[str, Any]]] | None:
+        try:
+            cm = await self._client.request("GET", CONFIGMAPS.path(self._namespace, self.name(uri)))
+            data = cm.get("data") or {}
+            if data.get("uri") != uri:
+                raise ValueError("record for another source")
+            if not _COMMIT.match(revision) and time.time() - float(data.get("at", "0")) > self._ttl_s:
+                raise ValueError("expired")
+            files = json.loads(data["files"])
+            commit = str(data["commit"])
+        except (ApiError, ApiUnavailable, ValueError, KeyError, TypeError) as exc:
+            self.misses += 1
+            if not (isinstance(exc, ApiError) and exc.status == 404):
+                log.debug("no usable resolve record", uri=uri, why=str(exc))
+            return None
+        self.hits += 1
+        return commit, files
+
+    async def put(self, uri: str, commit: str, files: list[dict[str, Any]]) -> None:
+        name = self.name(uri)
+        body = {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": {
+                "name": name,
+                "namespace": self._namespace,
+                "labels": {"app.kubernetes.io/managed-by": "model-agent"},
+            },
+            "data": {"uri": uri, "commit": commit, "files": json.dumps(files), "at": str(time.time())},
+        }
+        try:
+            try:
+                await self._client.request("POST", CONFIGMAPS.path(self._namespace), body=body)
+            except ApiError as exc:
+                if exc.status != 409:
+                    raise
+                await self._client.request(
+                    "PATCH",
+                    CONFIGMAPS.path(self._namespace, name),
+                    body={"data": body["data"]},
+                    content_type="application/merge-patch+json",
+                )
+        except (ApiError, ApiUnavailable) as exc:
+            log.warning("resolve record not written", uri=uri, error=str(exc))

@@ -1,0 +1,281 @@
+"""A real S3 API (moto's server mode) on loopback, for the S3 source's tests and the demo.
+
+Role: the S3 origin the end-to-end tests fetch from. Nothing is faked in the client: boto3 and the ranged
+engine talk HTTP to ``moto_server`` (``moto[server]``, pinned to :data:`MOTO_VERSION` in the dev extras of
+the main virtual environment; its pins do not conflict with ours), which implements listing with
+pagination, single-part ETags (the MD5) and multipart ETags (``"<md5 of part md5s>-<N>"``), ranges,
+``If-Match``, and S3's error codes.
+
+Contract:
+
+* :class:`MotoServer` starts ``python -m moto.server`` on a free ``127.0.0.1`` port, with its output in
+  ``<state_dir>/moto.log``; ``start`` returns once it answers HTTP (deadline ``start_timeout``) and retries
+  another port if the one picked was taken meanwhile; ``stop`` sends SIGTERM, then SIGKILL after
+  ``stop_timeout``. ``start``/``stop`` block; ``astart``/``astop`` and ``async with`` run them in a thread.
+* :meth:`MotoServer.requests` parses the server's access log into ``(method, path, status)`` records since a
+  :meth:`MotoServer.mark`; a request is logged when its response starts, so once a client call returns its
+  request is there (read the log after the call). Paths include the query string as sent.
+* :meth:`MotoServer.client` is a boto3 S3 client with moto's dummy credentials; :func:`create_bucket` and
+  :func:`upload_objects` fill a bucket (``multipart_threshold`` forces multipart uploads, so ETags get
+  ``-N``). State lives in the server process only: it is gone when the server stops (or after :meth:`reset`).
+* moto is for S3 *semantics*. It is CPU-bound Python (about 0.3 GB/s for one stream here): measure
+  throughput against nginx (``bench/ranged.py``), never against this.
+
+Errors meant for a person are :class:`MotoError`, with one line saying what to do.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from types_boto3_s3.client import S3Client
+    from types_boto3_s3.type_defs import CompletedPartTypeDef
+
+MOTO_VERSION = "5.2.5"
+START_TIMEOUT_S = 60.0
+STOP_TIMEOUT_S = 10.0
+DUMMY_KEY_ID = "testing"
+DUMMY_SECRET = "testing"
+DEFAULT_REGION = "us-east-1"
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+_ACCESS = re.compile(r'"([A-Z]+) (\S+) HTTP/[0-9.]+" (\d{3}) ')
+
+
+class MotoError(Exception):
+    """A failure a person can act on; the message is one line that says what to do."""
+
+
+@dataclass(frozen=True)
+class MotoRequest:
+    method: str
+    path: str
+    status: int
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+class MotoServer:
+    """moto's S3 server on loopback; use ``with MotoServer(dir) as s3:`` and :attr:`endpoint`."""
+
+    def __init__(
+        self, state_dir: Path, *, start_timeout: float = START_TIMEOUT_S, stop_timeout: float = STOP_TIMEOUT_S
+    ) -> None:
+        self.state_dir = Path(state_dir).resolve()
+        self.start_timeout = start_timeout
+        self.stop_timeout = stop_timeout
+        self.port = 0
+        self._proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def endpoint(self) -> str:
+        if not self.port:
+            raise MotoError("the moto server is not running: call start() first")
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def log_path(self) -> Path:
+        return self.state_dir / "moto.log"
+
+    @property
+    def running(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
+
+    # -- lifecycle
+    def start(self) -> None:
+        """Start the server; return once it answers HTTP, or raise :class:`MotoError`."""
+        if self._proc is not None:
+            return
+        try:
+            import moto  # noqa: F401
+        except ImportError as exc:
+            raise MotoError(f"moto is not installed: pip install 'moto[server]=={MOTO_VERSION}'") from exc
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        for _ in range(3):  # the free port we picked can be taken before moto binds it
+            self.port = _free_port()
+            offset = self.log_path.stat().st_size if self.log_path.exists() else 0
+            with self.log_path.open("ab") as log:
+                self._proc = subprocess.Popen(
+                    [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)],
+                    cwd=self.state_dir,
+                    stdin=subprocess.DEVNULL,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    env={"PYTHONUNBUFFERED": "1", "PATH": "/usr/bin:/bin"},
+                )
+            try:
+                if self._wait_ready(time.monotonic() + self.start_timeout, offset):
+                    return
+            except BaseException:
+                self.stop()
+                raise
+        self.stop()
+        raise MotoError(f"moto could not bind a free loopback port three times: see {self.log_path}")
+
+    def _wait_ready(self, deadline: float, offset: int) -> bool:
+        assert self._proc is not None
+        url = f"{self.endpoint}/moto-api/"
+        while True:
+            try:
+                with urllib.request.urlopen(url, timeout=2):
+                    return True
+            except urllib.error.HTTPError:
+                return True
+            except (urllib.error.URLError, OSError):
+                pass
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise MotoError(f"moto did not answer on {url} within {self.start_timeout:.0f}s: see {self.log_path}")
+            try:
+                code = self._proc.wait(timeout=min(0.1, remaining))
+            except subprocess.TimeoutExpired:
+                continue
+            self._proc = None
+            output = self._log_since(offset)
+            if "Address already in use" in output or "address already in use" in output:
+                return False
+            last = output.strip().splitlines()[-1] if output.strip() else "no output"
+            raise MotoError(f"moto exited with code {code} during start-up: {last[:300]} (log: {self.log_path})")
+
+    def stop(self) -> None:
+        """SIGTERM, then SIGKILL after ``stop_timeout``. Idempotent."""
+        proc, self._proc = self._proc, None
+        if proc is not None and proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout=self.stop_timeout)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(timeout=self.stop_timeout)
+        self.port = 0
+
+    def reset(self) -> None:
+        """Forget every bucket and object (moto's own reset endpoint)."""
+        req = urllib.request.Request(f"{self.endpoint}/moto-api/reset", method="POST")
+        with urllib.request.urlopen(req, timeout=10):
+            pass
+
+    async def astart(self) -> None:
+        await asyncio.to_thread(self.start)
+
+    async def astop(self) -> None:
+        await asyncio.to_thread(self.stop)
+
+    def __enter__(self) -> MotoServer:
+        self.start()
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()
+
+    async def __aenter__(self) -> MotoServer:
+        await self.astart()
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.astop()
+
+    # -- request log
+    def _log_since(self, offset: int) -> str:
+        with contextlib.suppress(FileNotFoundError), self.log_path.open("rb") as log:
+            log.seek(offset)
+            return log.read().decode(errors="replace")
+        return ""
+
+    def mark(self) -> int:
+        """A position in the access log; pass it to :meth:`requests` to see only what came after."""
+        return self.log_path.stat().st_size if self.log_path.exists() else 0
+
+    def requests(self, since: int = 0) -> list[MotoRequest]:
+        records = []
+        for line in _ANSI.sub("", self._log_since(since)).splitlines():
+            m = _ACCESS.search(line)
+            if m is not None:
+                records.append(MotoRequest(m[1], m[2], int(m[3])))
+        return records
+
+    # -- clients and data
+    def client(self, region: str = DEFAULT_REGION) -> S3Client:
+        import boto3
+        from botocore.config import Config
+
+        client: S3Client = boto3.session.Session().client(
+            "s3",
+            endpoint_url=self.endpoint,
+            region_name=region,
+            aws_access_key_id=DUMMY_KEY_ID,
+            aws_secret_access_key=DUMMY_SECRET,
+            config=Config(signature_version="s3v4", s3={"addressing_style": "path"}),
+        )
+        return client
+
+
+def create_bucket(client: S3Client, bucket: str, region: str = DEFAULT_REGION) -> None:
+    """Create ``bucket`` (in ``region``); an existing bucket of ours is fine."""
+    try:
+        if region == "us-east-1":
+            client.create_bucket(Bucket=bucket)
+        else:
+            client.create_bucket(Bucket=bucket, CreateBucketConfiguration={"LocationConstraint": region})  # type: ignore[typeddict-item]
+    except client.exceptions.BucketAlreadyOwnedByYou:
+        pass
+
+
+def upload_objects(
+    client: S3Client,
+    bucket: str,
+    objects: Mapping[str, bytes],
+    *,
+    multipart_threshold: int | None = None,
+    part_size: int = 8 * 1024 * 1024,
+) -> dict[str, str]:
+    """Upload ``objects`` (key -> bytes); return each key's ETag (quotes included).
+
+    Objects of at least ``multipart_threshold`` bytes are uploaded in parts of ``part_size`` (S3 needs at
+    least 5 MiB per part but the last), so their ETag ends in ``-<parts>``; the rest with one PUT.
+    """
+    etags: dict[str, str] = {}
+    for key, data in objects.items():
+        if multipart_threshold is not None and len(data) >= multipart_threshold:
+            upload = client.create_multipart_upload(Bucket=bucket, Key=key)
+            parts: list[CompletedPartTypeDef] = []
+            for number, start in enumerate(range(0, len(data), part_size), start=1):
+                done = client.upload_part(
+                    Bucket=bucket,
+                    Key=key,
+                    UploadId=upload["UploadId"],
+                    PartNumber=number,
+                    Body=data[start : start + part_size],
+                )
+                parts.append({"ETag": done["ETag"], "PartNumber": number})
+            client.complete_multipart_upload(
+                Bucket=bucket, Key=key, UploadId=upload["UploadId"], MultipartUpload={"Parts": parts}
+            )
+            etags[key] = client.head_object(Bucket=bucket, Key=key)["ETag"]
+        else:
+            etags[key] = client.put_object(Bucket=bucket, Key=key, Body=data)["ETag"]
+    return etags

@@ -1,0 +1,543 @@
+"""``s3://bucket[@region]/prefix`` — S3 and S3-compatible object stores (MinIO, Ceph RGW, R2, moto, ...).
+
+Role: turn every object under a prefix into a verified file in staging, fetching only what the previous
+manifest does not already hold. boto3 does the control plane (listing, HEAD, presigning); the bytes move
+through :mod:`model_agent.sources.ranged` on presigned GET URLs (parallel ranges, resumable part map,
+bounded memory, ``If-Match`` on the ETag so an object replaced mid-download is noticed).
+
+Layout (spec 2.4, as OCI): the prefix is taken as a folder (a trailing ``/`` is added unless it is empty,
+which means the whole bucket); object ``P/a/b`` becomes ``dest/a/b``. Zero-byte keys ending in ``/``
+(folder markers) are skipped. A key that would not be a plain relative path under ``dest`` (``..``, ``.``,
+empty segments, NUL), a key under ``.cache/`` (the staging bookkeeping folder), and two keys where one is a
+file and the other a folder of the same name are refused (``UnsafeFilePath``, not retried). No objects is
+``NoObjects``.
+
+Parameters (``spec.storage.parameters``):
+
+* ``endpoint`` — the S3 API URL for non-AWS stores (``http://minio.storage:9000``); default AWS.
+* ``region`` — the signing region; else the ``@region`` of the URI, else ``AWS_REGION`` / the SDK default.
+* ``addressingStyle`` — ``auto`` (default), ``path`` or ``virtual``; most S3-compatible stores want ``path``.
+* ``anonymous`` — ``"true"``: unsigned requests (public buckets); no credentials are looked up.
+
+Credentials: the Secret named by ``spec.storage.key`` (read by the caller into ``FetchRequest.secret``) with
+data keys ``AWS_ACCESS_KEY_ID`` + ``AWS_SECRET_ACCESS_KEY`` (+ optional ``AWS_SESSION_TOKEN``), or
+``accessKeyId`` + ``secretAccessKey`` (+ ``sessionToken``). A named Secret without either pair is
+``SecretInvalid``. Without a Secret, the SDK's default chain applies (environment, web identity / IRSA,
+EKS Pod Identity, ECS, instance metadata, shared config files).
+
+Verification, per object, from a ``HEAD`` with checksum mode on: the size always; MD5 when the ETag is one
+(single-part upload: 32 hex digits without ``-N``, and not SSE-KMS/SSE-C, whose ETags are not MD5s); the
+``x-amz-checksum-crc32`` / ``-sha1`` / ``-sha256`` value when it describes the whole object (``ChecksumType``
+``FULL_OBJECT``, or a single-part object; a multipart ETag ``-N`` with no type is treated as composite,
+which moto 5.2.5 returns for multipart uploads without marking it so); for multipart objects without one,
+an ``md5chksum`` user-metadata value (base64, as rclone writes it). Anything else is checked by size only.
+CRC32C and CRC64NVME are not computed (no library in the standard set). sha256 is always computed, for the
+manifest and later ``verify`` passes.
+
+Reuse: a file of the previous manifest at the same path with the same size and ETag that is intact on disk
+is kept without a request (a second fetch of an unchanged prefix is one LIST). A file in ``dest`` without a
+record (a kill between publish and manifest) is adopted when its MD5 equals a single-part ETag. Partial
+downloads in staging resume from their part maps (``staging/.cache/model-agent/parts/``, removed by
+``publish``); stray files in staging that are not wanted are removed first, so they can never be published.
+
+Disk: before any transfer, the bytes still to be written (object sizes minus what partial files already
+occupy) are reserved in :data:`model_agent.local.capacity.REGISTRY`, which refuses with
+``InsufficientDisk`` unless they fit beside the other downloads in flight and the configured reserve.
+
+Why boto3 and not obstore (measured against moto 5.2.5 on loopback, 2026-11): both listed 1,100 keys with
+pagination correctly (0.80 s vs 0.82 s) and returned the same ETags, including ``"<md5>-5"`` for a 40 MiB
+multipart upload; obstore imports in 0.04 s / 17 MiB RSS against boto3's 0.4 s / 35 MiB (50 MiB with a
+client). The deciding differences are not speed: obstore's ``head``/``list`` expose only path, size, ETag,
+mtime and version, so the agent could not see ``x-amz-checksum-*`` values, their ``ChecksumType``, or SSE-KMS
+(whose ETag is not an MD5, so checking it as one would fail good objects); and boto3 carries the complete AWS
+credential chain and S3-compatible knobs. The transfer itself is the ranged engine either way, so the choice
+costs no throughput; boto3 is imported lazily (first S3 fetch), so nodes without S3 models do not pay its
+memory. Throughput must be measured against an nginx origin (``bench/ranged.py``, performance.md section 8),
+never moto (about 0.3 GB/s for one stream here, and CPU-bound in Python).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import os
+import re
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import aiohttp
+
+from model_agent.local.capacity import REGISTRY, CapacityRegistry, Reservation, allocated_bytes
+from model_agent.local.manifest import FileRecord
+from model_agent.model.uris import InvalidStorageUri, parse_s3_uri
+from model_agent.sources.base import FetchRequest, FetchResult, Progress, SourceError
+from model_agent.sources.ranged import (
+    Downloaded,
+    Expected,
+    RangedConfig,
+    RangedDownloader,
+    b64_to_hex,
+    file_checksums,
+    run_all,
+)
+
+if TYPE_CHECKING:
+    from types_boto3_s3.client import S3Client
+    from types_boto3_s3.type_defs import HeadObjectOutputTypeDef
+
+PARAM_ENDPOINT = "endpoint"
+PARAM_REGION = "region"
+PARAM_ADDRESSING = "addressingStyle"
+PARAM_ANONYMOUS = "anonymous"
+SECRET_KEY_PAIRS = (
+    ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN"),
+    ("accessKeyId", "secretAccessKey", "sessionToken"),
+)
+PARTS_DIR = Path(".cache") / "model-agent" / "parts"
+DEFAULT_PRESIGN_EXPIRY_S = 6 * 3600
+_MD5_ETAG = re.compile(r"[0-9a-f]{32}")
+_CLIENT_CACHE_SIZE = 16
+# HEAD field, our algorithm name, hex length: checksums we can compute over a whole object.
+_WHOLE_OBJECT_CHECKSUMS = (
+    ("ChecksumCRC32", "crc32", 8),
+    ("ChecksumSHA1", "sha1", 40),
+    ("ChecksumSHA256", "sha256", 64),
+)
+
+
+@dataclass(frozen=True)
+class S3Credentials:
+    access_key_id: str
+    secret_access_key: str
+    session_token: str | None = None
+
+    def __repr__(self) -> str:  # never print the secret
+        return f"S3Credentials(access_key_id={self.access_key_id[:4]}...)"
+
+
+@dataclass(frozen=True)
+class S3Settings:
+    bucket: str
+    prefix: str  # "" (whole bucket) or ends with "/"
+    region: str | None
+    endpoint: str | None
+    addressing_style: str
+    anonymous: bool
+    credentials: S3Credentials | None
+
+    def label(self, key: str = "") -> str:
+        return f"s3://{self.bucket}/{key or self.prefix}"
+
+
+@dataclass(frozen=True)
+class S3Object:
+    key: str
+    path: str  # relative to dest
+    size: int
+    etag: str  # as S3 sends it, quotes included
+
+
+def credentials_from_secret(data: Mapping[str, str] | None) -> S3Credentials | None:
+    """The access key pair in a Secret's data (see the module doc), None for no Secret; SecretInvalid else."""
+    if data is None:
+        return None
+    for key_id, secret, token in SECRET_KEY_PAIRS:
+        if data.get(key_id) and data.get(secret):
+            return S3Credentials(data[key_id], data[secret], data.get(token) or None)
+    raise SourceError(
+        "SecretInvalid",
+        "the Secret named by spec.storage.key has neither AWS_ACCESS_KEY_ID + AWS_SECRET_ACCESS_KEY nor "
+        "accessKeyId + secretAccessKey",
+    )
+
+
+def settings_for(request: FetchRequest) -> S3Settings:
+    """Bucket, prefix, endpoint, region, addressing and credentials of one fetch, or a SourceError."""
+    try:
+        uri = parse_s3_uri(request.storage_uri)
+    except InvalidStorageUri as exc:
+        raise SourceError("InvalidStorageUri", str(exc), retryable=False) from None
+    params = request.parameters
+    style = (params.get(PARAM_ADDRESSING) or "auto").strip().lower()
+    if style not in ("auto", "path", "virtual"):
+        raise SourceError(
+            "InvalidParameter",
+            f"parameters.{PARAM_ADDRESSING} must be auto, path or virtual, not {style!r}",
+            retryable=False,
+        )
+    endpoint = (params.get(PARAM_ENDPOINT) or "").strip() or None
+    if endpoint is not None and not re.match(r"https?://[^/\s]+", endpoint):
+        raise SourceError(
+            "InvalidParameter",
+            f"parameters.{PARAM_ENDPOINT} must be an http(s) URL, not {endpoint[:200]!r}",
+            retryable=False,
+        )
+    anonymous = (params.get(PARAM_ANONYMOUS) or "").strip().lower() in ("true", "1", "yes")
+    prefix = uri.prefix if not uri.prefix or uri.prefix.endswith("/") else uri.prefix + "/"
+    return S3Settings(
+        bucket=uri.bucket,
+        prefix=prefix,
+        region=(params.get(PARAM_REGION) or "").strip() or uri.region or None,
+        endpoint=endpoint,
+        addressing_style=style,
+        anonymous=anonymous,
+        credentials=None if anonymous else credentials_from_secret(request.secret),
+    )
+
+
+def expected_from_head(head: HeadObjectOutputTypeDef | Mapping[str, Any]) -> Expected:
+    """What a HEAD (with ``ChecksumMode=ENABLED``) lets us check about the object; see the module doc."""
+    size = int(head["ContentLength"])
+    etag = str(head["ETag"])
+    raw = etag.strip('"').lower()
+    multipart = "-" in raw
+    checksums: dict[str, str] = {}
+    encrypted = head.get("ServerSideEncryption") in ("aws:kms", "aws:kms:dsse") or bool(
+        head.get("SSECustomerAlgorithm")
+    )
+    if not multipart and not encrypted and _MD5_ETAG.fullmatch(raw):
+        checksums["md5"] = raw
+    checksum_type = head.get("ChecksumType")
+    if checksum_type == "FULL_OBJECT" or (checksum_type is None and not multipart):
+        for field_name, alg, length in _WHOLE_OBJECT_CHECKSUMS:
+            value = head.get(field_name)
+            hexed = b64_to_hex(value) if isinstance(value, str) and "-" not in value else None
+            if hexed is not None and len(hexed) == length:
+                checksums[alg] = hexed
+    if multipart and "md5" not in checksums:
+        meta = head.get("Metadata") or {}
+        claimed = meta.get("md5chksum") if isinstance(meta, Mapping) else None
+        hexed = b64_to_hex(claimed) if isinstance(claimed, str) else None
+        if hexed is not None and len(hexed) == 32:
+            checksums["md5"] = hexed
+    return Expected(size=size, checksums=checksums, validator=etag)
+
+
+def _classify(exc: BaseException, label: str) -> SourceError:
+    from botocore import exceptions as bx
+
+    if isinstance(exc, SourceError):
+        return exc
+    if isinstance(exc, bx.NoCredentialsError | bx.PartialCredentialsError):
+        return SourceError("NoCredentials", f"{label}: no AWS credentials: name a Secret in spec.storage.key")
+    if isinstance(exc, bx.EndpointConnectionError | bx.ConnectTimeoutError | bx.ReadTimeoutError):
+        return SourceError("SourceUnreachable", f"{label}: {exc}")
+    if isinstance(exc, bx.ClientError):
+        error = exc.response.get("Error", {})
+        code = str(error.get("Code", ""))
+        status = int(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0) or 0)
+        if code == "NoSuchBucket":
+            return SourceError("BucketNotFound", f"{label}: the bucket does not exist")
+        if code in ("NoSuchKey", "404") or status == 404:
+            return SourceError("ObjectNotFound", f"{label}: not found (it was deleted after the listing?)")
+        if code in (
+            "InvalidAccessKeyId",
+            "SignatureDoesNotMatch",
+            "ExpiredToken",
+            "InvalidToken",
+            "TokenRefreshRequired",
+        ):
+            return SourceError("Unauthorized", f"{label}: credentials rejected ({code})")
+        if code == "AccessDenied" or status == 403:
+            return SourceError("AccessDenied", f"{label}: access denied")
+        if code in ("SlowDown", "ServiceUnavailable", "RequestLimitExceeded") or status in (429, 503):
+            return SourceError("RateLimited", f"{label}: the store asked to slow down ({code or status})")
+        return SourceError("SourceError", f"{label}: {code or 'HTTP ' + str(status)}: {error.get('Message', '')}"[:400])
+    if isinstance(exc, bx.BotoCoreError):
+        return SourceError("SourceError", f"{label}: {type(exc).__name__}: {str(exc)[:300]}")
+    return SourceError("SourceError", f"{label}: {type(exc).__name__}: {str(exc)[:300]}")
+
+
+def _check_paths(settings: S3Settings, objects: list[S3Object]) -> None:
+    files = {o.path for o in objects}
+    folders: set[str] = set()
+    for o in objects:
+        parts = o.path.split("/")
+        if any(p in ("", ".", "..") for p in parts) or "\x00" in o.path:
+            raise SourceError(
+                "UnsafeFilePath",
+                f"{settings.label(o.key)}: the key is not a plain relative path below the prefix",
+                retryable=False,
+            )
+        if parts[0] == ".cache":
+            raise SourceError(
+                "UnsafeFilePath",
+                f"{settings.label(o.key)}: keys under .cache/ are reserved for the agent",
+                retryable=False,
+            )
+        folders.update("/".join(parts[:i]) for i in range(1, len(parts)))
+    clash = sorted(files & folders)
+    if clash:
+        raise SourceError(
+            "UnsafeFilePath",
+            f"{settings.label(settings.prefix + clash[0])} is both an object and a folder of other objects",
+            retryable=False,
+        )
+
+
+def _map_name(path: str) -> str:
+    return hashlib.sha256(path.encode()).hexdigest()[:32] + ".json"
+
+
+def _intact(path: Path, old: FileRecord) -> bool:
+    try:
+        st = path.lstat()
+    except OSError:
+        return False
+    return st.st_size == old.size and (not old.mtime_ns or st.st_mtime_ns == old.mtime_ns) and not os.path.islink(path)
+
+
+def _adopt(path: Path, obj: S3Object) -> FileRecord | None:
+    """A file already in dest without a record: keep it when its MD5 equals the object's single-part ETag."""
+    raw = obj.etag.strip('"').lower()
+    if not _MD5_ETAG.fullmatch(raw):
+        return None
+    try:
+        if path.is_symlink() or not path.is_file() or path.stat().st_size != obj.size:
+            return None
+    except OSError:
+        return None
+    sums = file_checksums(path, ("md5", "sha256"))
+    if sums["md5"] != raw:
+        return None
+    return FileRecord(obj.path, obj.size, sums["sha256"], None, path.stat().st_mtime_ns, obj.etag)
+
+
+def _clean_staging(staging: Path, wanted: set[str]) -> None:
+    """Remove from staging every file and part map that this fetch will not produce, and empty folders."""
+    if not staging.is_dir():
+        return
+    maps = {_map_name(p) for p in wanted}
+    parts_dir = staging / PARTS_DIR
+    for dirpath, dirnames, filenames in os.walk(staging, topdown=False):
+        here = Path(dirpath)
+        for name in filenames:
+            full = here / name
+            rel = full.relative_to(staging).as_posix()
+            keep = rel in wanted if here != parts_dir else name in maps
+            if not keep:
+                with contextlib.suppress(FileNotFoundError):
+                    full.unlink()
+        for name in dirnames:
+            sub = here / name
+            if sub.is_symlink():
+                sub.unlink()
+            else:
+                with contextlib.suppress(OSError):
+                    sub.rmdir()  # only when empty
+
+
+class _Presigner:
+    """Presigned GET URLs per key, renewed at half their lifetime (signing is local; no request is made)."""
+
+    def __init__(self, client: S3Client, bucket: str, expiry_s: int) -> None:
+        self.client = client
+        self.bucket = bucket
+        self.expiry_s = expiry_s
+        self._urls: dict[str, tuple[str, float]] = {}
+
+    def url(self, key: str) -> str:
+        cached = self._urls.get(key)
+        now = time.monotonic()
+        if cached is not None and now - cached[1] < self.expiry_s / 2:
+            return cached[0]
+        url = self.client.generate_presigned_url(
+            "get_object", Params={"Bucket": self.bucket, "Key": key}, ExpiresIn=self.expiry_s
+        )
+        self._urls[key] = (url, now)
+        return url
+
+    def for_key(self, key: str) -> Callable[[], str]:
+        return lambda: self.url(key)
+
+
+class S3Source:
+    """The ``s3://`` source; one instance serves every S3 model of the agent (clients are cached)."""
+
+    def __init__(
+        self,
+        *,
+        ranged: RangedConfig | None = None,
+        capacity: CapacityRegistry | None = None,
+        max_parallel_files: int = 8,
+        page_size: int = 1000,
+        presign_expiry_s: int = DEFAULT_PRESIGN_EXPIRY_S,
+        on_client: Callable[[S3Client], None] | None = None,
+    ) -> None:
+        self.ranged = ranged or RangedConfig()
+        self.capacity = capacity or REGISTRY
+        self.max_parallel_files = max_parallel_files
+        self.page_size = page_size
+        self.presign_expiry_s = presign_expiry_s
+        self.on_client = on_client  # e.g. to register botocore event hooks (tests count requests this way)
+        self._clients: dict[tuple[Any, ...], S3Client] = {}
+
+    # ------------------------------------------------------------------ boto3 (blocking; run in threads)
+
+    def client(self, settings: S3Settings) -> S3Client:
+        creds = settings.credentials
+        cache_key = (
+            settings.endpoint,
+            settings.region,
+            settings.addressing_style,
+            settings.anonymous,
+            (creds.access_key_id, creds.secret_access_key, creds.session_token) if creds else None,
+        )
+        cached = self._clients.get(cache_key)
+        if cached is not None:
+            return cached
+        import boto3
+        import botocore
+        from botocore.config import Config
+
+        config = Config(
+            signature_version=botocore.UNSIGNED if settings.anonymous else "s3v4",
+            s3={"addressing_style": settings.addressing_style},  # type: ignore[arg-type]
+            retries={"mode": "standard", "max_attempts": 5},
+            connect_timeout=20,
+            read_timeout=60,
+        )
+        session = boto3.session.Session(
+            aws_access_key_id=creds.access_key_id if creds else None,
+            aws_secret_access_key=creds.secret_access_key if creds else None,
+            aws_session_token=creds.session_token if creds else None,
+        )
+        client = session.client("s3", endpoint_url=settings.endpoint, region_name=settings.region, config=config)
+        if self.on_client is not None:
+            self.on_client(client)
+        if len(self._clients) >= _CLIENT_CACHE_SIZE:
+            self._clients.pop(next(iter(self._clients)))
+        self._clients[cache_key] = client
+        return client
+
+    def list_objects(self, client: S3Client, settings: S3Settings) -> list[S3Object]:
+        objects: list[S3Object] = []
+        paginator = client.get_paginator("list_objects_v2")
+        pages = paginator.paginate(
+            Bucket=settings.bucket, Prefix=settings.prefix, PaginationConfig={"PageSize": self.page_size}
+        )
+        for page in pages:
+            for item in page.get("Contents", []):
+                key, size = item["Key"], int(item.get("Size", 0))
+                rel = key[len(settings.prefix) :]
+                if (not rel or rel.endswith("/")) and size == 0:
+                    continue  # a folder marker
+                objects.append(S3Object(key, rel, size, str(item.get("ETag", ""))))
+        return objects
+
+    # ------------------------------------------------------------------ fetch
+
+    async def fetch(self, request: FetchRequest) -> FetchResult:
+        settings = settings_for(request)
+        progress = Progress(phase="scanning")
+        request.on_progress(progress)
+        try:
+            client = await asyncio.to_thread(self.client, settings)
+            objects = await asyncio.to_thread(self.list_objects, client, settings)
+        except Exception as exc:
+            raise _classify(exc, settings.label()) from exc
+        if not objects:
+            raise SourceError("NoObjects", f"no objects found under {settings.label()}")
+        _check_paths(settings, objects)
+        objects.sort(key=lambda o: o.path)
+
+        previous = {f.path: f for f in (request.previous.files if request.previous else [])}
+        same_dest = request.previous is not None and Path(request.previous.dest) == request.dest
+        records: dict[str, FileRecord] = {}
+        to_fetch: list[S3Object] = []
+        for obj in objects:
+            old = previous.get(obj.path) if same_dest else None
+            dest_file = request.dest / obj.path
+            if old is not None and old.etag == obj.etag and old.size == obj.size and _intact(dest_file, old):
+                records[obj.path] = old
+                continue
+            if old is None:
+                adopted = await asyncio.to_thread(_adopt, dest_file, obj)
+                if adopted is not None:
+                    records[obj.path] = adopted
+                    continue
+            to_fetch.append(obj)
+
+        progress.phase = "downloading"
+        progress.total_files = len(objects)
+        progress.total_bytes = sum(o.size for o in objects)
+        progress.completed_files = len(records)
+        progress.completed_bytes = sum(r.size for r in records.values())
+        request.on_progress(progress)
+
+        staging = request.staging
+        await asyncio.to_thread(_clean_staging, staging, {o.path for o in to_fetch})
+        remaining = sum(max(0, o.size - allocated_bytes(staging / o.path)) for o in to_fetch)
+        reservation = self.capacity.reserve(staging, remaining, settings.label()) if to_fetch else None
+        try:
+            fetched = await self._download_all(client, settings, to_fetch, staging, progress, request, reservation)
+        finally:
+            if reservation is not None:
+                reservation.release()
+        records.update(fetched)
+        progress.phase = "finalizing"
+        request.on_progress(progress)
+        listing = hashlib.sha256("".join(f"{o.key}\0{o.etag}\0{o.size}\n" for o in objects).encode()).hexdigest()
+        return FetchResult(
+            revision=f"etags-{listing[:40]}",
+            files=[records[o.path] for o in objects],
+            staged=[o.path for o in to_fetch],
+        )
+
+    async def _download_all(
+        self,
+        client: S3Client,
+        settings: S3Settings,
+        objects: list[S3Object],
+        staging: Path,
+        progress: Progress,
+        request: FetchRequest,
+        reservation: Reservation | None,
+    ) -> dict[str, FileRecord]:
+        if not objects:
+            return {}
+        results: dict[str, FileRecord] = {}
+        presigner = _Presigner(client, settings.bucket, self.presign_expiry_s)
+        gate = asyncio.Semaphore(self.max_parallel_files)
+        connector = aiohttp.TCPConnector(limit=self.ranged.concurrency * 2, ttl_dns_cache=300)
+        async with aiohttp.ClientSession(
+            connector=connector, auto_decompress=False, trust_env=True, skip_auto_headers=("Accept-Encoding",)
+        ) as session:
+            engine = RangedDownloader(session, self.ranged)
+
+            def on_bytes(n: int) -> None:
+                progress.completed_bytes += n
+                request.on_progress(progress)
+
+            async def one(obj: S3Object) -> None:
+                async with gate:
+                    label = settings.label(obj.key)
+                    try:
+                        head = await asyncio.to_thread(
+                            client.head_object, Bucket=settings.bucket, Key=obj.key, ChecksumMode="ENABLED"
+                        )
+                    except Exception as exc:
+                        raise _classify(exc, label) from exc
+                    expected = expected_from_head(head)
+                    got: Downloaded = await engine.download(
+                        presigner.for_key(obj.key),
+                        staging / obj.path,
+                        expected,
+                        state_path=staging / PARTS_DIR / _map_name(obj.path),
+                        label=label,
+                        on_bytes=on_bytes,
+                        reservation=reservation,
+                    )
+                    progress.completed_bytes += got.resumed_bytes
+                    progress.completed_files += 1
+                    request.on_progress(progress)
+                    results[obj.path] = FileRecord(
+                        obj.path, expected.size, got.digests["sha256"], None, 0, expected.validator
+                    )
+
+            await run_all(one(o) for o in objects)
+        return results

@@ -1,0 +1,82 @@
+"""A registered secret never reaches a rendered log line: messages, exception text, nested values, keys."""
+
+from __future__ import annotations
+
+import base64
+import json
+import secrets
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import structlog
+
+from model_agent.ops import logging as agent_logging
+from model_agent.ops.logging import redact, register_secret
+
+
+@pytest.fixture
+def token() -> Iterator[str]:
+    value = "hf_" + secrets.token_hex(16)
+    register_secret(value)
+    yield value
+    agent_logging._registered.discard(value)
+
+
+def render(method: str = "info", *args: Any, **kw: Any) -> str:
+    """Render one event through the agent's processor chain (the part after the stdlib integration)."""
+    logger = structlog.wrap_logger(
+        structlog.ReturnLogger(),
+        processors=[structlog.processors.format_exc_info, redact, structlog.processors.JSONRenderer()],
+    )
+    out: str = getattr(logger, method)(*args, **kw)
+    return out
+
+
+def test_token_in_the_message_is_redacted(token: str) -> None:
+    line = render("info", f"GET https://hub/api?token={token} failed")
+    assert token not in line and "[REDACTED]" in line
+
+
+def test_token_in_a_field_and_a_nested_dict_is_redacted(token: str) -> None:
+    line = render(
+        "warning",
+        "fetch failed",
+        error=f"401 for Bearer {token}",
+        details={"headers": {"x": [f"a{token}b", ("t", token)]}, "n": 3},
+    )
+    assert token not in line
+    doc = json.loads(line)
+    assert doc["details"]["n"] == 3
+    assert doc["details"]["headers"]["x"][0] == "a[REDACTED]b"
+
+
+def test_token_in_an_exception_text_is_redacted(token: str) -> None:
+    try:
+        raise RuntimeError(f"upstream said: invalid token {token!r}")
+    except RuntimeError:
+        line = render("exception", "fetch crashed")
+    assert token not in line
+    assert "RuntimeError" in line and "[REDACTED]" in line
+
+
+def test_sensitive_keys_are_redacted_whatever_their_value(token: str) -> None:
+    line = render("info", "resolved", token="anything", Authorization="Bearer x", hf_secret_name="n")
+    doc = json.loads(line)
+    assert doc["token"] == doc["Authorization"] == doc["hf_secret_name"] == "[REDACTED]"
+
+
+def test_unregistered_text_and_short_values_pass_through() -> None:
+    register_secret("abc")  # too short to register: it would mask ordinary words
+    line = render("info", "abcdef is fine")
+    assert "abcdef is fine" in line
+
+
+def test_the_base64_form_registered_from_a_secret_is_redacted(token: str) -> None:
+    encoded = base64.b64encode(token.encode() + b"\n").decode()  # as `kubectl create secret --from-file` stores it
+    register_secret(encoded)
+    try:
+        line = render("info", "secret read", body={"data": {"token": encoded}})
+    finally:
+        agent_logging._registered.discard(encoded)
+    assert token not in line and encoded not in line
