@@ -253,7 +253,9 @@ def assert_no_token(token: str, where: str, blob: bytes) -> None:
 # ------------------------------------------------------------------------------------------------- corpus
 
 
-def build_corpus(u: str, root: Path, sentinel: Path, good_repo: str, other_repo: str, ns: str) -> list[Case]:
+def build_corpus(
+    u: str, root: Path, sentinel: Path, good_repo: str, other_repo: str, trap_repo: str, ns: str
+) -> list[Case]:
     """The hostile objects. Names start with ``h-`` so they sort after the good model (``g-``)."""
     r = str(root)
     p = f"{r}/h-{u}"  # a harmless destination for cases whose problem is elsewhere
@@ -286,8 +288,10 @@ def build_corpus(u: str, root: Path, sentinel: Path, good_repo: str, other_repo:
         Case(f"h-escape-{u}", cbm("", good_uri, f"{r}/a\x1b[2Jb"), "PathRefused", "control characters"),
         Case(f"h-long-name-{u}", cbm("", good_uri, f"{r}/{'n' * 256}"), "PathRefused", "255-byte limit"),
         Case(f"h-long-path-{u}", cbm("", good_uri, r + ("/" + "d" * 200) * 21), "PathRefused", "4096-byte limit"),
-        Case(f"h-file-parent-{u}", cbm("", good_uri, f"{r}/a-file/sub"), "UnsafePath", "not a directory"),
-        Case(f"h-file-dest-{u}", cbm("", good_uri, f"{r}/a-file"), "UnsafePath", "not a directory"),
+        Case(f"h-file-parent-{u}", cbm("", good_uri, f"{r}/a-file/sub"), "PathRefused", "which is not a directory"),
+        Case(f"h-file-dest-{u}", cbm("", good_uri, f"{r}/a-file"), "PathRefused", "is not a directory"),
+        # A real directory (accepted), but a link inside it leads out, where the repository has a file.
+        Case(f"h-trap-{u}", cbm("", f"hf://{trap_repo}", f"{r}/trap"), "UnsafePath", "is a symlink"),
         Case(f"h-conflict-{u}", cbm("", f"hf://{other_repo}", f"{r}/g-{u}"), "PathConflict", f"g-{u}"),
         # -- storage URIs ------------------------------------------------------------------------------------
         Case(f"h-hf-empty-{u}", cbm("", "hf://", p), "InvalidStorageUri", "empty repository id"),
@@ -366,11 +370,15 @@ async def test_hostile_corpus_fails_cleanly_while_a_good_model_downloads(
     good_files = tiny_llama(11, padding_bytes=48 * 1024 * 1024)
     good_repo, other_repo = f"acme/good-{u}", f"acme/other-{u}"
     huge_repo, nested_repo, garbage_repo = f"acme/huge-{u}", f"acme/nested-{u}", f"acme/garbage-{u}"
+    trap_repo = f"acme/trap-{u}"
     huge_config = b'{"model_type": "llama", "pad": "' + b"x" * (20 * 1024 * 1024) + b'"}'
     bogus_header = (2**62).to_bytes(8, "little") + b"{}"
     await asyncio.gather(
         asyncio.to_thread(create_model_repo, mirrors_root, good_repo, good_files),
         asyncio.to_thread(create_model_repo, mirrors_root, other_repo, tiny_llama(12)),
+        asyncio.to_thread(
+            create_model_repo, mirrors_root, trap_repo, {**tiny_llama(14), "sub/id_rsa": b"attacker's key\n"}
+        ),
         asyncio.to_thread(create_model_repo, mirrors_root, huge_repo, {"config.json": huge_config}),
         asyncio.to_thread(create_model_repo, mirrors_root, nested_repo, {"config.json": deep_json(200_000)}),
         asyncio.to_thread(
@@ -397,6 +405,8 @@ async def test_hostile_corpus_fails_cleanly_while_a_good_model_downloads(
     (root / "loop-a").symlink_to(root / "loop-b")
     (root / "loop-b").symlink_to(root / "loop-a")
     (root / "a-file").write_bytes(b"planted file")
+    (root / "trap").mkdir()
+    (root / "trap" / "sub").symlink_to(sentinel / "sub")
     planted = tree_digest(root, skip=(root / ".model-agent",))
     outside_before = tree_digest(tmp_path, skip=(root, agent.log_path))
     sentinel_before = tree_digest(sentinel)
@@ -415,7 +425,7 @@ async def test_hostile_corpus_fails_cleanly_while_a_good_model_downloads(
         return (await kube.node_labels(agent.node)).get(good[0].label_key) == "Updating"
 
     await eventually(downloading, timeout=30, what="the good model downloading")
-    corpus = build_corpus(u, root, sentinel, good_repo, other_repo, ns)
+    corpus = build_corpus(u, root, sentinel, good_repo, other_repo, trap_repo, ns)
     gate = asyncio.Semaphore(16)
     started = time.monotonic()
     await asyncio.gather(*(apply_case(kube, c, gate) for c in [*good[1:], *corpus]))

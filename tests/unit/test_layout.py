@@ -211,3 +211,11 @@ def test_whatever_is_accepted_is_strictly_inside_the_root_and_outside_the_privat
     assert dest != root / PRIVATE_DIR and root / PRIVATE_DIR not in dest.parents
     assert Path(os.path.realpath(dest)) == dest
     assert len(raw.encode()) <= MAX_PATH_BYTES
+
+
+def test_a_file_where_a_directory_must_be_is_refused(layout: Layout, root: Path) -> None:
+    (root / "a-file").write_bytes(b"x")
+    assert "which is not a directory" in refused(layout, str(root / "a-file" / "sub"))
+    assert "which is not a directory" in refused(layout, str(root / "a-file" / "sub" / "deeper"))
+    assert refused(layout, str(root / "a-file")).endswith("is not a directory")
+    assert (root / "a-file").read_bytes() == b"x"

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import base64
+import io
 import json
+import logging
 import secrets
 from collections.abc import Iterator
 from typing import Any
@@ -12,7 +14,7 @@ import pytest
 import structlog
 
 from model_agent.ops import logging as agent_logging
-from model_agent.ops.logging import redact, register_secret
+from model_agent.ops.logging import redact, redact_record, register_secret
 
 
 @pytest.fixture
@@ -80,3 +82,29 @@ def test_the_base64_form_registered_from_a_secret_is_redacted(token: str) -> Non
     finally:
         agent_logging._registered.discard(encoded)
     assert token not in line and encoded not in line
+
+
+def test_stdlib_records_of_libraries_are_redacted(token: str) -> None:
+    """httpx, huggingface_hub and friends log through ``logging``, not structlog: the handler filter masks them."""
+    stream = io.StringIO()
+    handler = logging.StreamHandler(stream)
+    handler.addFilter(redact_record)
+    handler.setFormatter(logging.Formatter("%(name)s %(message)s"))
+    logger = logging.getLogger("tests.some_library")
+    logger.addHandler(handler)
+    logger.setLevel(logging.DEBUG)
+    logger.propagate = False
+    try:
+        logger.debug("Send: curl -H 'authorization: Bearer %s' %s", token, "https://hub")
+        logger.info({"nested": {"token": token}})
+        try:
+            raise ValueError(f"bad credentials {token}")
+        except ValueError:
+            logger.exception("request failed")
+        logger.warning("nothing secret here: %d files", 3)
+    finally:
+        logger.removeHandler(handler)
+    text = stream.getvalue()
+    assert token not in text
+    assert text.count("[REDACTED]") == 3
+    assert "ValueError" in text and "nothing secret here: 3 files" in text

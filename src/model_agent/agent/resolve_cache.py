@@ -17,10 +17,12 @@ import hashlib
 import json
 import re
 import time
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import structlog
 
+from model_agent.agent.origin_slots import OriginSlots
 from model_agent.kube.client import ApiError, ApiUnavailable, KubeClient
 from model_agent.kube.resources import CONFIGMAPS
 
@@ -30,12 +32,33 @@ _COMMIT = re.compile(r"^[0-9a-f]{40}$")
 
 
 class ResolveCache:
-    def __init__(self, client: KubeClient, namespace: str, *, ttl_s: float = 600.0) -> None:
+    def __init__(
+        self, client: KubeClient, namespace: str, *, lock: OriginSlots | None = None, ttl_s: float = 600.0
+    ) -> None:
         self._client = client
         self._namespace = namespace
         self._ttl_s = ttl_s
+        self._lock = lock  # a one-slot Lease per source: one node of the cluster resolves at a time
         self.hits = 0
         self.misses = 0
+
+    async def resolve(
+        self, uri: str, revision: str, compute: Callable[[], Awaitable[tuple[str, list[dict[str, Any]]]]]
+    ) -> tuple[str, list[dict[str, Any]]]:
+        found = await self.get(uri, revision)
+        if found is not None:
+            return found
+        if self._lock is None:
+            result = await compute()
+            await self.put(uri, *result)
+            return result
+        async with self._lock.hold("resolve:" + uri):
+            found = await self.get(uri, revision)  # another node may have resolved it while we waited
+            if found is not None:
+                return found
+            result = await compute()
+            await self.put(uri, *result)
+            return result
 
     @staticmethod
     def name(uri: str) -> str:

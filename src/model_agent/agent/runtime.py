@@ -107,7 +107,13 @@ class Agent:
             client, settings.namespace, node, settings.max_concurrent_origin_fetches, lease_s=settings.origin_lease_s
         )
         self.resolve_cache = (
-            ResolveCache(client, settings.namespace) if settings.max_concurrent_origin_fetches else None
+            ResolveCache(
+                client,
+                settings.namespace,
+                lock=OriginSlots(client, settings.namespace, node, 1, lease_s=settings.origin_lease_s, poll_s=0.5),
+            )
+            if settings.max_concurrent_origin_fetches
+            else None
         )
         self.breaker = Breaker(
             ratio=settings.delete_breaker_ratio,

@@ -14,7 +14,8 @@ Contract:
   ``stop_timeout``. ``start``/``stop`` block; ``astart``/``astop`` and ``async with`` run them in a thread.
 * :meth:`MotoServer.requests` parses the server's access log into ``(method, path, status)`` records since a
   :meth:`MotoServer.mark`; a request is logged when its response starts, so once a client call returns its
-  request is there (read the log after the call). Paths include the query string as sent.
+  request is there (read the log after the call). Requests of a client that gave up are still served and
+  logged later: :meth:`MotoServer.wait_quiet` first. Paths include the query string as sent.
 * :meth:`MotoServer.client` is a boto3 S3 client with moto's dummy credentials; :func:`create_bucket` and
   :func:`upload_objects` fill a bucket (``multipart_threshold`` forces multipart uploads, so ETags get
   ``-N``). State lives in the server process only: it is gone when the server stops (or after :meth:`reset`).
@@ -209,6 +210,22 @@ class MotoServer:
     def mark(self) -> int:
         """A position in the access log; pass it to :meth:`requests` to see only what came after."""
         return self.log_path.stat().st_size if self.log_path.exists() else 0
+
+    def wait_quiet(self, quiet: float = 0.3, timeout: float = 10.0) -> None:
+        """Wait until the access log has not grown for ``quiet`` seconds (at most ``timeout``).
+
+        A client that gave up (cancelled) leaves requests that moto still serves and logs afterwards; call
+        this before :meth:`mark` so they are not counted as the next client's.
+        """
+        deadline = time.monotonic() + timeout
+        size, since = self.mark(), time.monotonic()
+        while time.monotonic() < deadline:
+            time.sleep(0.05)
+            now = self.mark()
+            if now != size:
+                size, since = now, time.monotonic()
+            elif time.monotonic() - since >= quiet:
+                return
 
     def requests(self, since: int = 0) -> list[MotoRequest]:
         records = []

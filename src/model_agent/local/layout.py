@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import stat
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
@@ -121,8 +122,9 @@ class Layout:
             resolved = Path(os.path.realpath(raw))
         except (OSError, ValueError) as exc:
             raise PathRefused(f"spec.storage.path {_shown(raw)} cannot be resolved: {exc}") from None
-        if _has_symlink(resolved):  # realpath leaves a symlink loop unresolved
-            raise PathRefused(f"spec.storage.path {_shown(raw)} goes through a symlink that cannot be resolved")
+        problem = _walk_problem(resolved)
+        if problem is not None:
+            raise PathRefused(f"spec.storage.path {_shown(raw)} {problem}")
         try:
             root = self.root_of(resolved)
         except PathRefused:
@@ -165,17 +167,25 @@ class Layout:
         return Path(raw)
 
 
-def _has_symlink(path: Path) -> bool:
-    """Is any existing component of ``path`` still a symlink?"""
+def _walk_problem(path: Path) -> str | None:
+    """What makes the existing part of a resolved ``path`` unusable as a directory, if anything.
+
+    ``realpath`` leaves a symlink loop in place, and a regular file can stand where a directory must be.
+    """
     for p in (*reversed(path.parents), path):
         try:
-            if p.is_symlink():
-                return True
-        except OSError:
-            return True
-        if not p.exists():
-            return False
-    return False
+            mode = os.lstat(p).st_mode
+        except FileNotFoundError:
+            return None  # nothing below a missing component exists
+        except NotADirectoryError:
+            return f"goes through {str(p.parent)!r}, which is not a directory"
+        except OSError as exc:
+            return f"cannot be resolved ({exc.strerror})"
+        if stat.S_ISLNK(mode):
+            return "goes through a symlink that cannot be resolved"
+        if not stat.S_ISDIR(mode):
+            return f"goes through {str(p)!r}, which is not a directory" if p != path else "is not a directory"
+    return None
 
 
 def _shown(raw: str) -> str:

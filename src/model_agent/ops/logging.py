@@ -2,7 +2,8 @@
 
 ``configure(level)`` is called once by ``model-agent run``. A redaction step replaces any value under a
 sensitive key (token, secret, password, authorization) and any registered secret string wherever it
-appears, so a token can never reach a log line through an error message either.
+appears, so a token can never reach a log line through an error message either. The standard library's
+records (what httpx or huggingface_hub log themselves) pass the same masking through a handler filter.
 """
 
 from __future__ import annotations
@@ -46,11 +47,31 @@ def redact(_logger: Any, _name: str, event: MutableMapping[str, Any]) -> Mutable
     return event
 
 
+def redact_record(record: logging.LogRecord) -> bool:
+    """A stdlib ``logging`` filter: the same masking for libraries' own log records (httpx, huggingface_hub)."""
+    if not _registered:
+        return True
+    message = record.getMessage()
+    masked = _mask(message)
+    if masked != message:
+        record.msg, record.args = masked, None
+    if record.exc_info and not record.exc_text:
+        record.exc_text = logging.Formatter().formatException(record.exc_info)
+    if record.exc_text:
+        record.exc_text = _mask(record.exc_text)
+    if record.stack_info:
+        record.stack_info = _mask(record.stack_info)
+    return True
+
+
 def configure(level: str = "info") -> None:
     numeric = logging.getLevelName(level.upper())
     if not isinstance(numeric, int):
         raise ValueError(f"unknown log level {level!r} (use debug, info, warning or error)")
     logging.basicConfig(level=numeric, stream=sys.stdout, format="%(message)s")
+    for handler in logging.getLogger().handlers:
+        if redact_record not in handler.filters:
+            handler.addFilter(redact_record)
     structlog.configure(
         processors=[
             structlog.contextvars.merge_contextvars,

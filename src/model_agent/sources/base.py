@@ -18,7 +18,7 @@ import errno
 import os
 import shutil
 import stat
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -74,11 +74,18 @@ class Source(Protocol):
 
 
 class ResolveRecords(Protocol):
-    """Where a source may find (and leave) a revision already resolved by another node of the cluster."""
+    """Where a source finds (or leaves) a revision already resolved by another node of the cluster.
 
-    async def get(self, uri: str, revision: str) -> tuple[str, list[dict[str, Any]]] | None: ...
+    ``resolve(uri, revision, compute)`` returns ``(commit, files)``: a record when one exists, else the
+    result of ``compute()`` — called by one node of the cluster at a time — which is then recorded.
+    """
 
-    async def put(self, uri: str, commit: str, files: list[dict[str, Any]]) -> None: ...
+    async def resolve(
+        self,
+        uri: str,
+        revision: str,
+        compute: Callable[[], Awaitable[tuple[str, list[dict[str, Any]]]]],
+    ) -> tuple[str, list[dict[str, Any]]]: ...
 
 
 def publish(request: FetchRequest, result: FetchResult) -> list[FileRecord]:

@@ -95,20 +95,22 @@ class HuggingFaceSource:
         repo, revision, token = uri.repo_id, uri.revision, request.token
         progress = Progress(phase="scanning")
         request.on_progress(progress)
-        cached = await self.resolve_cache.get(request.storage_uri, revision) if self.resolve_cache else None
-        if cached is not None:
-            commit = cached[0]
-            remote_files = [RemoteFile(**f) for f in cached[1]]
-        else:
+
+        async def resolve() -> tuple[str, list[dict[str, Any]]]:
             try:
-                commit, remote_files = await asyncio.to_thread(self._resolve, repo, revision, token)
+                commit, found = await asyncio.to_thread(self._resolve, repo, revision, token)
             except SourceError:
                 raise
             except Exception as exc:
                 raise _classify(exc, repo, revision) from exc
             self.api_calls += 2
-            if self.resolve_cache is not None:
-                await self.resolve_cache.put(request.storage_uri, commit, [dataclasses.asdict(f) for f in remote_files])
+            return commit, [dataclasses.asdict(f) for f in found]
+
+        if self.resolve_cache is not None:
+            commit, listed = await self.resolve_cache.resolve(request.storage_uri, revision, resolve)
+        else:
+            commit, listed = await resolve()
+        remote_files = [RemoteFile(**f) for f in listed]
         _refuse_unsafe_paths(repo, remote_files)
 
         previous = {f.path: f for f in (request.previous.files if request.previous else [])}

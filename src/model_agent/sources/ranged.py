@@ -20,9 +20,10 @@ How one file is fetched (:meth:`RangedDownloader.download`):
   ``durable`` (default), ``fdatasync``-ed, so after a crash of the process or of the node the map never
   claims bytes that are not on disk. Records are batched: while one map write is under way, parts that
   complete are recorded by the next. On cancellation the map is brought up to date before returning.
-  A restart with the same size and validator resumes from the recorded parts only; parts in flight are
-  fetched again, so a crash costs at most about ``concurrency x part_size`` of transfer. A different
-  validator or size (the remote file changed) discards the progress.
+  A restart with the same size and validator resumes from the recorded parts only and fetches exactly
+  the others: a cancellation costs at most ``concurrency x part_size`` of transfer (the parts in flight);
+  a kill also the parts that completed while the last map write (its ``fdatasync``) was under way. A
+  different validator or size (the remote file changed) discards the progress.
 * A failed part is retried from the last byte written (not from its start): connection errors, timeouts,
   short bodies, 408 and 5xx with exponential backoff and jitter; 429 and 503 honour ``Retry-After``
   (seconds or HTTP date, capped), and pause every part of this downloader, not only the one that was
