@@ -233,3 +233,18 @@ async def test_cancelled_fetch_resumes_from_completed_parts(s3: MotoServer, tmp_
     assert again == 5 - recorded  # exactly the parts not recorded before the cancel
     publish(req, result)
     assert (req.dest / "shards" / "big.bin").read_bytes() == BIG
+
+
+async def test_staged_files_of_an_unpublished_fetch_are_not_fetched_again(s3: MotoServer, tmp_path: Path) -> None:
+    src = source()
+    req = request_for(s3, tmp_path, f"s3://{BUCKET}/tiny")
+    first = await src.fetch(req)  # e.g. killed before publish
+    (req.staging / "stray.bin").write_bytes(b"left by something else")
+    mark = s3.mark()
+    second = await src.fetch(request_for(s3, tmp_path, req.storage_uri))
+    assert object_gets(s3, mark) == []  # complete part maps: only LIST and HEADs
+    assert sorted(second.staged) == sorted(first.staged)
+    assert not (req.staging / "stray.bin").exists()  # never published by accident
+    publish(req, second)
+    assert (req.dest / "shards" / "big.bin").read_bytes() == BIG
+    assert sorted(p.name for p in req.dest.rglob("*") if p.is_file()) == ["big.bin", "config.json", "model.safetensors"]

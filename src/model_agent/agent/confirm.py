@@ -96,6 +96,9 @@ def decide_from_list(ref: ModelRef, recorded_uid: str, listed: dict[tuple[str, s
     return Confirmation(Outcome.ALIVE_SAME_UID, live)
 
 
+STORM_WINDOW_S = 5.0
+
+
 @dataclass
 class _Waiter:
     ref: ModelRef
@@ -127,6 +130,7 @@ class Confirmer:
         self._threshold = batch_threshold
         self._debounce_s = debounce_s
         self._waiting: dict[str, list[_Waiter]] = {}
+        self._arrivals: dict[str, list[float]] = {}  # recent candidate arrival times per kind (storm detection)
         self._flushers: set[asyncio.Task[None]] = set()
         self._on_read = on_read  # callable(method: "get" | "list") for metrics
 
@@ -136,6 +140,10 @@ class Confirmer:
         loop = asyncio.get_running_loop()
         waiter = _Waiter(ref, recorded_uid, loop.create_future())
         kind = ref.kind.value
+        now = loop.time()
+        recent = [t for t in self._arrivals.get(kind, []) if now - t < STORM_WINDOW_S]
+        recent.append(now)
+        self._arrivals[kind] = recent
         batch = self._waiting.setdefault(kind, [])
         batch.append(waiter)
         if len(batch) == 1:
@@ -155,8 +163,12 @@ class Confirmer:
         live = [w for w in batch if not w.future.done()]
         if not live:
             return
+        # A storm is recognised by the batch or by the arrivals of the last few seconds, so its stragglers are
+        # confirmed by LIST too instead of trickling in as GETs.
+        now = asyncio.get_running_loop().time()
+        recent = sum(1 for t in self._arrivals.get(kind, []) if now - t < STORM_WINDOW_S)
         try:
-            if self._threshold is not None and len(live) > self._threshold:
+            if self._threshold is not None and max(len(live), recent) > self._threshold:
                 outcomes = await self._by_list(kind, live)
             else:
                 outcomes = list(await asyncio.gather(*(self._get(w.ref, w.uid) for w in live)))

@@ -153,11 +153,17 @@ class Remover:
         return await confirm_absence(self.ctx.client, ref, uid, deadline_s=self.ctx.confirm_deadline_s)
 
     async def _deselected(self, confirmation: Confirmation) -> bool:
-        """For an alive object: does it (live) no longer select this node (live)?"""
+        """For an alive object: does it (live) no longer select this node (live)?
+
+        The cached Node answers "still selected" for free (no removal follows from it); only a "no longer
+        selected" answer is destructive, so only that one is confirmed with a live read of the Node.
+        """
         live = confirmation.live or {}
         try:
             obj = ModelObject.from_dict(str(live.get("kind") or ""), live)
         except InvalidModel:
+            return False
+        if node_selected(obj.spec.storage, self.ctx.labels.labels(), self.ctx.node_name):
             return False
         try:
             node = await self.ctx.client.request("GET", NODES.path(name=self.ctx.node_name))

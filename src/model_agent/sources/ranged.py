@@ -68,7 +68,7 @@ import threading
 import time
 import zlib
 from collections import deque
-from collections.abc import AsyncIterator, Callable, Iterable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
@@ -86,7 +86,7 @@ HASH_BLOCK = 2 * MiB
 STATE_VERSION = 1
 SUPPORTED_CHECKSUMS = frozenset({"md5", "sha1", "sha256", "crc32"})
 
-UrlSource = str | Callable[[], str]
+UrlSource = str | Callable[[], str] | Callable[[], Awaitable[str]]
 _T = TypeVar("_T")
 
 
@@ -428,8 +428,9 @@ class RangedDownloader:
     ) -> Downloaded:
         """Fetch ``url`` into ``path`` (resuming from ``state_path``), verify it, fsync it; see the module doc.
 
-        ``url`` may be a callable, called for every request (e.g. to refresh a presigned URL). ``on_bytes`` is
-        called with the size of every write. ``reservation`` is shrunk by what the preallocation takes.
+        ``url`` may be a callable (plain or async), called for every request (e.g. to renew a presigned URL).
+        ``on_bytes`` is called with the size of every write. ``reservation`` is shrunk by what the preallocation
+        takes.
         """
         unknown = set(expected.checksums) - SUPPORTED_CHECKSUMS
         if unknown:
@@ -694,8 +695,11 @@ class _Job:
                     ) from None
                 await asyncio.sleep(self._retry_delay(exc, failures))
 
-    def _request_url(self) -> str:
-        return self.url() if callable(self.url) else self.url
+    async def _request_url(self) -> str:
+        if isinstance(self.url, str):
+            return self.url
+        url = self.url()
+        return url if isinstance(url, str) else await url
 
     def _timeout(self) -> aiohttp.ClientTimeout:
         return aiohttp.ClientTimeout(
@@ -710,7 +714,8 @@ class _Job:
         if self.expected.validator:
             headers["If-Match"] = self.expected.validator
         self.requests += 1
-        async with self.dl.session.get(self._request_url(), headers=headers, timeout=self._timeout()) as resp:
+        url = await self._request_url()
+        async with self.dl.session.get(url, headers=headers, timeout=self._timeout()) as resp:
             self._check(resp, span, whole=whole)
             await self._copy_body(resp, span, buf)
 

@@ -3,7 +3,10 @@
 Role: turn every object under a prefix into a verified file in staging, fetching only what the previous
 manifest does not already hold. boto3 does the control plane (listing, HEAD, presigning); the bytes move
 through :mod:`model_agent.sources.ranged` on presigned GET URLs (parallel ranges, resumable part map,
-bounded memory, ``If-Match`` on the ETag so an object replaced mid-download is noticed).
+bounded memory, ``If-Match`` on the ETag so an object replaced mid-download is noticed). URLs are signed in
+a worker thread for one hour and renewed every ten minutes, since a URL signed with temporary credentials
+(IRSA, instance roles) dies with them. Blocking boto3 calls run in threads; cancellation takes effect at
+the next ``await`` (a LIST or HEAD page in progress finishes first).
 
 Layout (spec 2.4, as OCI): the prefix is taken as a folder (a trailing ``/`` is added unless it is empty,
 which means the whole bucket); object ``P/a/b`` becomes ``dest/a/b``. Zero-byte keys ending in ``/``
@@ -64,7 +67,7 @@ import hashlib
 import os
 import re
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -98,7 +101,8 @@ SECRET_KEY_PAIRS = (
     ("accessKeyId", "secretAccessKey", "sessionToken"),
 )
 PARTS_DIR = Path(".cache") / "model-agent" / "parts"
-DEFAULT_PRESIGN_EXPIRY_S = 6 * 3600
+DEFAULT_PRESIGN_EXPIRY_S = 3600
+PRESIGN_RENEW_S = 600.0
 _MD5_ETAG = re.compile(r"[0-9a-f]{32}")
 _CLIENT_CACHE_SIZE = 16
 # HEAD field, our algorithm name, hex length: checksums we can compute over a whole object.
@@ -279,6 +283,11 @@ def _check_paths(settings: S3Settings, objects: list[S3Object]) -> None:
         )
 
 
+def _same_etag(a: str | None, b: str) -> bool:
+    """ETags compared without their quotes (some S3-compatible stores quote them in one API and not another)."""
+    return a is not None and a.strip('"') == b.strip('"')
+
+
 def _map_name(path: str) -> str:
     return hashlib.sha256(path.encode()).hexdigest()[:32] + ".json"
 
@@ -332,26 +341,35 @@ def _clean_staging(staging: Path, wanted: set[str]) -> None:
 
 
 class _Presigner:
-    """Presigned GET URLs per key, renewed at half their lifetime (signing is local; no request is made)."""
+    """Presigned GET URLs per key, signed in a worker thread and renewed every ``renew_s`` seconds.
 
-    def __init__(self, client: S3Client, bucket: str, expiry_s: int) -> None:
+    Signing is local, but temporary credentials (IRSA, instance roles) may need a refresh first, which is a
+    network call: never on the event loop. A URL signed with temporary credentials dies with them whatever
+    its ``ExpiresIn``, hence the short renewal period.
+    """
+
+    def __init__(self, client: S3Client, bucket: str, expiry_s: int, renew_s: float) -> None:
         self.client = client
         self.bucket = bucket
         self.expiry_s = expiry_s
+        self.renew_s = renew_s
         self._urls: dict[str, tuple[str, float]] = {}
 
-    def url(self, key: str) -> str:
-        cached = self._urls.get(key)
-        now = time.monotonic()
-        if cached is not None and now - cached[1] < self.expiry_s / 2:
-            return cached[0]
-        url = self.client.generate_presigned_url(
+    def _sign(self, key: str) -> str:
+        return self.client.generate_presigned_url(
             "get_object", Params={"Bucket": self.bucket, "Key": key}, ExpiresIn=self.expiry_s
         )
+
+    async def url(self, key: str) -> str:
+        cached = self._urls.get(key)
+        now = time.monotonic()
+        if cached is not None and now - cached[1] < self.renew_s:
+            return cached[0]
+        url = await asyncio.to_thread(self._sign, key)
         self._urls[key] = (url, now)
         return url
 
-    def for_key(self, key: str) -> Callable[[], str]:
+    def for_key(self, key: str) -> Callable[[], Awaitable[str]]:
         return lambda: self.url(key)
 
 
@@ -452,7 +470,7 @@ class S3Source:
         for obj in objects:
             old = previous.get(obj.path) if same_dest else None
             dest_file = request.dest / obj.path
-            if old is not None and old.etag == obj.etag and old.size == obj.size and _intact(dest_file, old):
+            if old is not None and _same_etag(old.etag, obj.etag) and old.size == obj.size and _intact(dest_file, old):
                 records[obj.path] = old
                 continue
             if old is None:
@@ -501,7 +519,7 @@ class S3Source:
         if not objects:
             return {}
         results: dict[str, FileRecord] = {}
-        presigner = _Presigner(client, settings.bucket, self.presign_expiry_s)
+        presigner = _Presigner(client, settings.bucket, self.presign_expiry_s, PRESIGN_RENEW_S)
         gate = asyncio.Semaphore(self.max_parallel_files)
         connector = aiohttp.TCPConnector(limit=self.ranged.concurrency * 2, ttl_dns_cache=300)
         async with aiohttp.ClientSession(
@@ -536,7 +554,7 @@ class S3Source:
                     progress.completed_files += 1
                     request.on_progress(progress)
                     results[obj.path] = FileRecord(
-                        obj.path, expected.size, got.digests["sha256"], None, 0, expected.validator
+                        path=obj.path, size=expected.size, sha256=got.digests["sha256"], etag=expected.validator
                     )
 
             await run_all(one(o) for o in objects)
