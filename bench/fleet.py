@@ -227,6 +227,70 @@ async def cell(n: int, m: int, work: Path) -> dict[str, Any]:
     return result
 
 
+async def origin(n: int, slots: int, work: Path) -> dict[str, Any]:
+    """N agents want one Hugging Face model at once: concurrent fetchers and hub API calls, seen by the mirror."""
+    from tests.support.models import tiny_llama
+
+    from model_agent.devenv.olah import OlahServer, create_model_repo, max_concurrent_clients
+
+    mirrors = work / f"origin-{n}-{slots}-mirrors"
+    repo = "acme/origin-bench"
+    await asyncio.to_thread(create_model_repo, mirrors, repo, tiny_llama(1, padding_bytes=8 << 20))
+    fleet = Fleet(work / f"origin-{n}-{slots}", n, 0, batch_threshold=3)
+    with OlahServer(mirrors, work / f"origin-{n}-{slots}-olah") as mirror:
+        os.environ["HF_ENDPOINT"] = mirror.endpoint
+        try:
+            await fleet.up()
+            for a in fleet.agents:
+                # Settings are frozen: rebuild the agents with the origin limit and the mirror.
+                await a.client.close()
+            kubeconfig = fleet.work / "proxy-kubeconfig"
+            roots = fleet.shm[-1]
+            fleet.agents = []
+            for i in range(n):
+                settings = Settings(
+                    NODE_NAME=f"fleet-{i:03d}",
+                    models_root_dir=roots / f"o{i:03d}",
+                    kubeconfig=kubeconfig,
+                    max_concurrent_origin_fetches=slots,
+                    origin_lease_s=15,
+                    HF_ENDPOINT=mirror.endpoint,
+                    workers=8,
+                )
+                fleet.agents.append(Agent(settings, await KubeClient.connect(kubeconfig)))
+            await fleet.start_agents()
+            mirror.reset_stats()
+            assert fleet.admin is not None
+            body = {
+                "apiVersion": "ome.io/v1beta1",
+                "kind": "ClusterBaseModel",
+                "metadata": {"name": "origin-bench"},
+                "spec": {"storage": {"storageUri": f"hf://{repo}", "path": str(roots / "shared-path-unused")}},
+            }
+            # Every node wants it at once; each agent's root differs, so give each its own object pinned to it.
+            for i in range(n):
+                b = json.loads(json.dumps(body))
+                b["metadata"]["name"] = f"origin-bench-{i:03d}"
+                b["spec"]["storage"]["path"] = str(roots / f"o{i:03d}" / "m")
+                b["spec"]["storage"]["nodeSelector"] = {"kubernetes.io/hostname": f"fleet-{i:03d}"}
+                await fleet.admin.request("POST", CLUSTERBASEMODELS.path(), body=b)
+            t0 = time.monotonic()
+            await wait(lambda: ready_everywhere(fleet.agents, 1), 1800, "every node fetched the model")
+            seconds = time.monotonic() - t0
+            records = mirror.requests()
+            return {
+                "agents": n,
+                "slots": slots,
+                "seconds": round(seconds, 2),
+                "max_concurrent_fetching_nodes": max_concurrent_clients(records, f"/{repo}/resolve/"),
+                "hub_api_calls": sum(1 for r in records if f"/api/models/{repo}" in r.path),
+                "file_requests": sum(1 for r in records if f"/{repo}/resolve/" in r.path),
+            }
+        finally:
+            os.environ.pop("HF_ENDPOINT", None)
+            await fleet.down()
+
+
 def total(reqs: dict[str, int], prefix: str) -> int:
     return sum(v for k, v in reqs.items() if k.startswith(prefix))
 
@@ -256,6 +320,21 @@ def report(results: list[dict[str, Any]]) -> str:
             f"| {int(c['removed'] + g['removed'] + crd['removed'])} "
             f"| {sum(crd['requests'].values())}, {crd['seconds']} |"
         )
+    origin_json = ROOT / "bench" / "results" / "fleet-origin.json"
+    if origin_json.exists():
+        lines += [
+            "",
+            "Origin protection (`bench/fleet.py --origin 50`): every node wants one Hugging Face model (8 MiB) at once,",
+            "served by a real mirror (olah) that records each request's client and duration.",
+            "",
+            "| agents | origin slots | max nodes fetching at once (at the server) | hub API calls | file requests | seconds |",
+            "|---|---|---|---|---|---|",
+        ]
+        for o in json.loads(origin_json.read_text()):
+            lines.append(
+                f"| {o['agents']} | {o['slots'] or 'unlimited'} | {o['max_concurrent_fetching_nodes']} "
+                f"| {o['hub_api_calls']} | {o['file_requests']} | {o['seconds']} |"
+            )
     lines += [
         "",
         "![confirmation reads in a storm](fleet.png)",
@@ -271,10 +350,19 @@ async def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--agents", type=int, nargs="*", default=[10, 50, 200])
     parser.add_argument("--models", type=int, nargs="*", default=[50, 200])
+    parser.add_argument("--origin", type=int, default=0, help="run only the origin-protection phase with N agents")
     args = parser.parse_args()
     agent_logging.configure("error")
     logging.getLogger().setLevel(logging.ERROR)
     work = Path(tempfile.mkdtemp(prefix="bench-fleet-"))
+    if args.origin:
+        out = ROOT / "bench" / "results"
+        out.mkdir(parents=True, exist_ok=True)
+        runs = [await origin(args.origin, slots, work) for slots in (2, 0)]
+        print(json.dumps(runs, indent=1))
+        (out / "fleet-origin.json").write_text(json.dumps(runs, indent=2))
+        shutil.rmtree(work, ignore_errors=True)
+        return
     results = []
     for n in args.agents:
         for m in args.models:

@@ -49,6 +49,8 @@ from model_agent.kube.reflector import Reflector
 from model_agent.kube.resources import BASEMODELS, CLUSTERBASEMODELS, CONFIGMAPS, NODES
 from model_agent.kube.store import Change, object_key
 from model_agent.kube.workqueue import ShutDown, WorkQueue
+from model_agent.local import capacity
+from model_agent.local.capacity import DiskReserve
 from model_agent.local.inventory import stale_staging, unmanaged_directories
 from model_agent.local.layout import Layout, token_for
 from model_agent.local.manifest import ManifestStore
@@ -56,9 +58,11 @@ from model_agent.local.trash import Trash
 from model_agent.local.verify import mark_damaged, verify_manifest
 from model_agent.model.keys import MODEL_LABEL_DOMAIN, ModelKind, parse_configmap_key
 from model_agent.model.resources import ModelRef
+from model_agent.model.uris import StorageType
 from model_agent.ops.events import WARNING, EventRecorder, ObjectRef
 from model_agent.ops.metrics import Metrics
 from model_agent.sources.hf import HuggingFaceSource
+from model_agent.sources.s3 import S3Source
 
 log = structlog.get_logger(__name__)
 
@@ -74,6 +78,7 @@ class Agent:
         if settings.api_qps > 0:
             client.before_request = TokenBucket(settings.api_qps, settings.api_burst).acquire
         self.layout = Layout(settings.models_root_dir, list(settings.allowed_roots))
+        capacity.REGISTRY.configure(DiskReserve.parse(settings.disk_reserve))
         self.manifests = ManifestStore(self.layout)
         self.trash = Trash(self.layout)
         self.queue: WorkQueue[str] = WorkQueue(
@@ -161,10 +166,13 @@ class Agent:
                 events=self.events,
                 metrics=self.metrics,
                 remover=self.remover,
-                hf=HuggingFaceSource(settings.hf_endpoint, resolve_cache=self.resolve_cache),
+                hf=HuggingFaceSource(
+                    settings.hf_endpoint, resolve_cache=self.resolve_cache, user_agent=f"model-agent/{node}"
+                ),
                 models_store={kind: r.store for kind, r in self.models.items()},
                 requeue_after=self._requeue_after,
                 busy=lambda: self.queue.depth + self.queue.processing_count > 0,
+                sources={StorageType.S3: S3Source()},
                 origin_slots=self.origin.hold,
             )
         )

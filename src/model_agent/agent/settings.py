@@ -25,6 +25,7 @@ class Settings(BaseSettings):
     download_retry: int = 3
     node_label_retry: int = 5
     concurrency: int = 4
+    disk_reserve: str = "10%"  # free space kept beyond every download: a share of the filesystem or a size
     multipart_concurrency: int = 4
     log_level: str = Field(default="info", validation_alias="LOG_LEVEL")
     kubeconfig: Path | None = None

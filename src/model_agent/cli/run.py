@@ -45,6 +45,9 @@ def run(
     concurrency: Annotated[int | None, Opt(help="Files fetched in parallel within one model (default 4).")] = None,
     multipart_concurrency: Annotated[int | None, Opt(help="Ranged parts in flight per large file (default 4).")] = None,
     log_level: Annotated[str | None, Opt(help="debug, info, warning or error (env LOG_LEVEL).")] = None,
+    disk_reserve: Annotated[
+        str | None, Opt(help="Free space kept beyond downloads: '10%' (default) or a size.")
+    ] = None,
     kubeconfig: Annotated[Path | None, Opt(help="Kubeconfig file (default: in-cluster, then KUBECONFIG).")] = None,
     confirm_timeout: Annotated[float | None, Opt(help="Deadline of a confirmation read, seconds (default 10).")] = None,
     trash_grace: Annotated[float | None, Opt(help="Seconds quarantined weights are kept (default 3600).")] = None,
@@ -81,6 +84,7 @@ def run(
         "concurrency": concurrency,
         "multipart_concurrency": multipart_concurrency,
         "kubeconfig": kubeconfig,
+        "disk_reserve": disk_reserve,
         "confirm_timeout_s": confirm_timeout,
         "trash_grace_s": trash_grace,
         "delete_breaker_ratio": delete_breaker_ratio,

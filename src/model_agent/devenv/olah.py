@@ -306,6 +306,27 @@ class ServedRequest:
     path: str
     status: int = 0
     bytes_sent: int = 0
+    client: str = ""  # the User-Agent (the agent puts its node name there)
+    started: float = 0.0  # monotonic seconds
+    ended: float = 0.0
+
+
+def max_concurrent_clients(records: list[ServedRequest], path_contains: str) -> int:
+    """The most distinct clients (User-Agents) that had a request in flight for matching paths at once."""
+    events: list[tuple[float, int, str]] = []
+    for r in records:
+        if path_contains in r.path and r.ended:
+            events.append((r.started, 1, r.client))
+            events.append((r.ended, -1, r.client))
+    events.sort(key=lambda e: (e[0], e[1]))  # ends before starts at the same instant
+    active: dict[str, int] = {}
+    best = 0
+    for _, delta, client in events:
+        active[client] = active.get(client, 0) + delta
+        if active[client] == 0:
+            del active[client]
+        best = max(best, len(active))
+    return best
 
 
 class _CountingProxy:
@@ -396,7 +417,12 @@ class _CountingProxy:
         return raw
 
     async def _handle(self, request: web.Request) -> web.StreamResponse:
-        record = ServedRequest(method=request.method, path=request.raw_path)
+        record = ServedRequest(
+            method=request.method,
+            path=request.raw_path,
+            client=request.headers.get("User-Agent", ""),
+            started=time.monotonic(),
+        )
         with self._lock:
             self._records.append(record)
         assert self._session is not None
@@ -428,6 +454,9 @@ class _CountingProxy:
                     await response.write_eof()
                 except ConnectionResetError:  # the client went away; bytes_sent keeps what was offered
                     pass
+                finally:
+                    with self._lock:
+                        record.ended = time.monotonic()
                 return response
         except aiohttp.ClientError as exc:
             if record.status:  # failed mid-body: the client must see a broken transfer, not a 502

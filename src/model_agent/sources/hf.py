@@ -60,8 +60,11 @@ def _classify(exc: Exception, repo: str, revision: str) -> SourceError:
 
 
 class HuggingFaceSource:
-    def __init__(self, endpoint: str | None = None, resolve_cache: ResolveRecords | None = None) -> None:
+    def __init__(
+        self, endpoint: str | None = None, resolve_cache: ResolveRecords | None = None, *, user_agent: str = ""
+    ) -> None:
         self.endpoint = endpoint or os.environ.get("HF_ENDPOINT") or None
+        self.user_agent = user_agent  # e.g. "model-agent/node-17": lets mirrors and hubs see who fetches
         self.resolve_cache = resolve_cache
         self.api_calls = 0  # hub API calls made (revision + tree), for the fleet budget
 
@@ -88,6 +91,7 @@ class HuggingFaceSource:
             local_dir=staging,
             token=token or False,
             endpoint=self.endpoint,
+            user_agent=self.user_agent or None,
         )
 
     async def fetch(self, request: FetchRequest) -> FetchResult:
