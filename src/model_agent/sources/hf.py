@@ -24,6 +24,7 @@ from huggingface_hub import HfApi, hf_hub_download
 from huggingface_hub import errors as hf_errors
 from huggingface_hub.hf_api import RepoFile
 
+from model_agent.local.capacity import REGISTRY, is_disk_full
 from model_agent.local.manifest import FileRecord, file_digest
 from model_agent.model.uris import parse_hf_uri
 from model_agent.sources.base import FetchRequest, FetchResult, Progress, ResolveRecords, SourceError
@@ -41,6 +42,8 @@ class RemoteFile:
 
 
 def _classify(exc: Exception, repo: str, revision: str) -> SourceError:
+    if isinstance(exc, OSError) and is_disk_full(exc):
+        return SourceError("InsufficientDisk", f"{repo}: the disk filled up while downloading (partial kept)")
     if isinstance(exc, hf_errors.RevisionNotFoundError):
         return SourceError("RevisionNotFound", f"revision {revision!r} of {repo} does not exist")
     if isinstance(exc, hf_errors.GatedRepoError):
@@ -143,6 +146,8 @@ class HuggingFaceSource:
         request.on_progress(progress)
         request.staging.mkdir(parents=True, exist_ok=True)
 
+        # Refuse what cannot fit before writing a byte (counting other downloads in flight on this disk).
+        reservation = REGISTRY.reserve(request.staging, sum(r.size for r in to_fetch), request.storage_uri)
         gate = asyncio.Semaphore(MAX_PARALLEL_FILES)
 
         async def one(remote: RemoteFile) -> FileRecord:
@@ -157,7 +162,10 @@ class HuggingFaceSource:
                 request.on_progress(progress)
                 return record
 
-        fetched = await asyncio.gather(*(one(r) for r in to_fetch))
+        try:
+            fetched = await asyncio.gather(*(one(r) for r in to_fetch))
+        finally:
+            reservation.release()
         progress.phase = "finalizing"
         request.on_progress(progress)
         by_path = {r.path: r for r in [*records, *fetched]}
