@@ -272,3 +272,32 @@ async def test_configmap_with_500_models_stays_under_1_mib(
     print(f"ConfigMap with 500 models: {size} bytes ({size / 1048576:.2f} MiB)")
     assert size < 1024 * 1024 * 0.75, size  # keep a 25 % margin under the 1 MiB object limit
     await asyncio.gather(*(kube.delete_model(CBM, n) for n in names))
+
+
+async def test_a_new_source_is_switched_in_and_the_old_copy_goes_to_the_trash(
+    kube: Kube, mirrors_root: Path, make_agent: AgentFactory, unique: str
+) -> None:
+    agent = await make_agent(args=RESYNC)
+    name = f"switch-{unique}"
+    dest, old_files, _ = await hf_model(kube, agent, mirrors_root, name, seed=61)
+    new_files = tiny_llama(62)
+    new_repo = f"acme/{name}-v2"
+    await asyncio.to_thread(create_model_repo, mirrors_root, new_repo, new_files)
+    live = await kube.get_model(CBM, name)
+    live["spec"]["storage"]["storageUri"] = f"hf://{new_repo}"
+    from model_agent.kube.resources import CLUSTERBASEMODELS
+
+    async with LabelHistory(kube, agent.node, node_label_key(CBM, "", name)) as history:
+        await kube.c.request("PUT", CLUSTERBASEMODELS.path(name=name), body=live)
+
+        async def switched() -> bool:
+            data = (dest / "model.safetensors").read_bytes() if (dest / "model.safetensors").exists() else b""
+            return data == new_files["model.safetensors"] and await model_state(kube, agent, name) == ("Ready", "Ready")
+
+        await eventually(switched, timeout=30, what="the new source switched in")
+    assert "Updating" in history.values
+    trash = agent.models_root / ".model-agent" / "trash"
+    held = [d for d in trash.iterdir() if (d / "data" / "model.safetensors").exists()]
+    assert len(held) == 1
+    assert (held[0] / "data" / "model.safetensors").read_bytes() == old_files["model.safetensors"]
+    await kube.delete_model(CBM, name)

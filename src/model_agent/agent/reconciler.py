@@ -369,7 +369,7 @@ class Reconciler:
                 result = await ctx.sources.get(target.storage_type, ctx.hf).fetch(request)
             if superseded is not None:
                 try:
-                    await ctx.remover.replace_superseded(ref, superseded, target.id)
+                    await ctx.remover.replace_superseded(ref, superseded, target.id, from_fetch=True)
                 except Requeue as exc:
                     raise SourceError("SwitchDeferred", f"the old copy cannot be retired yet: {exc.why}") from None
             files = await asyncio.to_thread(publish, request, result)

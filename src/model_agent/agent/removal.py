@@ -129,7 +129,9 @@ class Remover:
         await self._act(candidate, confirmation, reserved)
         return True
 
-    async def replace_superseded(self, ref: ModelRef, manifest: Manifest, new_target: str) -> None:
+    async def replace_superseded(
+        self, ref: ModelRef, manifest: Manifest, new_target: str, *, from_fetch: bool = False
+    ) -> None:
         """The live spec points at another source or path: retire the old copy (to the trash)."""
         ctx = self.ctx
         confirmation = await self._confirm(ref, manifest.uid)
@@ -140,8 +142,12 @@ class Remover:
             storage = (live.get("spec") or {}).get("storage") or {}
             if storage.get("storageUri") == manifest.storage_uri and (storage.get("path") or "") == manifest.dest:
                 raise Requeue("cache and server disagree about the spec; waiting for the watch")
-        await ctx.fetcher.cancel(ref.key)
-        if manifest.owned and not self._needed_elsewhere(ref, Path(manifest.dest), new_target):
+        if not from_fetch:  # called by the new copy's own fetch job, which must not cancel itself
+            await ctx.fetcher.cancel(ref.key)
+        # From a fetch the new copy is complete in staging and replaces the old one even at the same path;
+        # otherwise (a local:// or restored copy taking over) the new spec may be using that very directory.
+        needed = self._needed_elsewhere(ref, Path(manifest.dest), None if from_fetch else new_target)
+        if manifest.owned and not needed:
             await self._quarantine(manifest, "superseded by a new spec")
         await asyncio.to_thread(ctx.manifests.delete, ref.key)
 
