@@ -73,13 +73,7 @@ async def confirm_absence(
         return Confirmation(Outcome.READ_FAILED, detail=detail, type_gone=exc.status == 404)
     except (ApiUnavailable, TimeoutError) as exc:
         return Confirmation(Outcome.READ_FAILED, detail=str(exc) or "deadline passed")
-    meta = live.get("metadata") or {}
-    live_uid = str(meta.get("uid") or "")
-    if recorded_uid and live_uid and live_uid != recorded_uid:
-        return Confirmation(Outcome.RECREATED_NEW_UID, live, detail=f"uid {recorded_uid} -> {live_uid}")
-    if meta.get("deletionTimestamp"):
-        return Confirmation(Outcome.DELETING, live, detail="deletionTimestamp set")
-    return Confirmation(Outcome.ALIVE_SAME_UID, live)
+    return _decide_live(live, recorded_uid)
 
 
 def decide_from_list(ref: ModelRef, recorded_uid: str, listed: dict[tuple[str, str], dict[str, Any]]) -> Confirmation:
@@ -87,6 +81,11 @@ def decide_from_list(ref: ModelRef, recorded_uid: str, listed: dict[tuple[str, s
     live = listed.get((ref.namespace, ref.name))
     if live is None:
         return Confirmation(Outcome.CONFIRMED_GONE, detail="absent from a consistent LIST")
+    return _decide_live(live, recorded_uid)
+
+
+def _decide_live(live: dict[str, Any], recorded_uid: str) -> Confirmation:
+    """The rows of the table for an object that was read: another UID, being deleted, or alive."""
     meta = live.get("metadata") or {}
     live_uid = str(meta.get("uid") or "")
     if recorded_uid and live_uid and live_uid != recorded_uid:

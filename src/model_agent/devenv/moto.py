@@ -27,7 +27,6 @@ Errors meant for a person are :class:`MotoError`, with one line saying what to d
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import re
 import signal
@@ -40,8 +39,9 @@ import urllib.request
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from types import TracebackType
 from typing import TYPE_CHECKING
+
+from model_agent.devenv.service import ManagedService
 
 if TYPE_CHECKING:
     from types_boto3_s3.client import S3Client
@@ -76,7 +76,7 @@ def _free_port() -> int:
         return port
 
 
-class MotoServer:
+class MotoServer(ManagedService):
     """moto's S3 server on loopback; use ``with MotoServer(dir) as s3:`` and :attr:`endpoint`."""
 
     def __init__(
@@ -175,30 +175,6 @@ class MotoServer:
         req = urllib.request.Request(f"{self.endpoint}/moto-api/reset", method="POST")
         with urllib.request.urlopen(req, timeout=10):
             pass
-
-    async def astart(self) -> None:
-        await asyncio.to_thread(self.start)
-
-    async def astop(self) -> None:
-        await asyncio.to_thread(self.stop)
-
-    def __enter__(self) -> MotoServer:
-        self.start()
-        return self
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.stop()
-
-    async def __aenter__(self) -> MotoServer:
-        await self.astart()
-        return self
-
-    async def __aexit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        await self.astop()
 
     # -- request log
     def _log_since(self, offset: int) -> str:

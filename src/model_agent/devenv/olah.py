@@ -66,11 +66,12 @@ import urllib.error
 import urllib.request
 from collections.abc import Iterable, Mapping
 from pathlib import Path, PurePosixPath
-from types import TracebackType
 
 import aiohttp
 from aiohttp import web
 from yarl import URL
+
+from model_agent.devenv.service import ManagedService
 
 OLAH_VERSION = "0.5.4"
 OLAH_REQUIREMENT = f"olah=={OLAH_VERSION}"
@@ -480,7 +481,7 @@ def _toml_str(value: str) -> str:
     return json.dumps(value)  # a JSON string is a valid TOML basic string for paths
 
 
-class OlahServer:
+class OlahServer(ManagedService):
     """Olah in offline mode over the git mirrors in ``mirrors_root``, behind a counting proxy.
 
     Use as ``with OlahServer(root, state_dir) as mirror:`` or ``async with``; clients use
@@ -676,30 +677,6 @@ class OlahServer:
     @property
     def running(self) -> bool:
         return self._proc is not None and self._proc.poll() is None
-
-    async def astart(self) -> None:
-        await asyncio.to_thread(self.start)
-
-    async def astop(self) -> None:
-        await asyncio.to_thread(self.stop)
-
-    def __enter__(self) -> OlahServer:
-        self.start()
-        return self
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.stop()
-
-    async def __aenter__(self) -> OlahServer:
-        await self.astart()
-        return self
-
-    async def __aexit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        await self.astop()
 
 
 def main(argv: list[str] | None = None) -> int:

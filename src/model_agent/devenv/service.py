@@ -1,0 +1,44 @@
+"""One shape for the local helper servers (mirror, S3, fault proxy): start/stop, sync and async contexts.
+
+A subclass implements blocking :meth:`start` and :meth:`stop`; this mixin adds ``astart``/``astop`` (run in
+a worker thread so an event loop is never blocked) and both context-manager protocols, stopping on exit
+however the block ends.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from types import TracebackType
+from typing import Self
+
+
+class ManagedService:
+    def start(self) -> object:
+        raise NotImplementedError
+
+    def stop(self) -> None:
+        raise NotImplementedError
+
+    async def astart(self) -> None:
+        await asyncio.to_thread(self.start)
+
+    async def astop(self) -> None:
+        await asyncio.to_thread(self.stop)
+
+    def __enter__(self) -> Self:
+        self.start()
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()
+
+    async def __aenter__(self) -> Self:
+        await self.astart()
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.astop()
