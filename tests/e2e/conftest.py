@@ -39,7 +39,7 @@ async def make_agent(
             models_root=models_root or tmp_path / f"models-{name}",
             log_path=tmp_path / f"agent-{name}.log",
             hf_endpoint=olah.endpoint,
-            args=("--resync-interval", "30", "--delete-settle", "0.5", *args),
+            args=("--resync-interval", "30", "--delete-settle", "0.5", "--confirm-debounce", "0.2", *args),
         )
         agents.append(agent)
         agent.start()

@@ -28,6 +28,7 @@ the live object. A known-UID candidate is never confirmed by an object carrying 
 from __future__ import annotations
 
 import asyncio
+import random
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
@@ -108,7 +109,8 @@ class _Waiter:
 class Confirmer:
     """Coalesces confirmations: many candidates of one kind at once are confirmed by one LIST.
 
-    Candidates arriving within ``debounce_s`` of each other are gathered per kind. A gathering of at most
+    Candidates arriving within ``debounce_s`` (plus up to ``jitter_s``, so a fleet hit by the same storm does
+    not LIST in the same instant) of the first one are gathered per kind. A gathering of at most
     ``batch_threshold`` candidates is confirmed with one GET each; a larger one (a storm: a relist after a
     CRD change, a namespace deletion, injected deletes) with one paginated consistent LIST (no
     resourceVersion) for the whole kind, read with the same decision table. A LIST that fails confirms
@@ -121,13 +123,16 @@ class Confirmer:
         *,
         deadline_s: float = 10.0,
         batch_threshold: int | None = 3,
-        debounce_s: float = 0.3,
+        debounce_s: float = 1.5,
+        jitter_s: float = 1.0,
         on_read: Any = None,
     ) -> None:
         self._client = client
         self._deadline_s = deadline_s
         self._threshold = batch_threshold
         self._debounce_s = debounce_s
+        self._jitter_s = jitter_s  # spreads a fleet's LISTs when a storm hits every node at once
+        self._rng = random.Random()
         self._waiting: dict[str, list[_Waiter]] = {}
         self._arrivals: dict[str, list[float]] = {}  # recent candidate arrival times per kind (storm detection)
         self._flushers: set[asyncio.Task[None]] = set()
@@ -157,7 +162,7 @@ class Confirmer:
         return await confirm_absence(self._client, ref, uid, deadline_s=self._deadline_s)
 
     async def _flush_later(self, kind: str) -> None:
-        await asyncio.sleep(self._debounce_s)
+        await asyncio.sleep(self._debounce_s + self._jitter_s * self._rng.random())
         batch = self._waiting.pop(kind, [])
         live = [w for w in batch if not w.future.done()]
         if not live:

@@ -149,6 +149,8 @@ class Agent:
                     deadline_s=settings.confirm_timeout_s,
                     batch_threshold=settings.confirm_batch_threshold if settings.confirm_batch_threshold >= 0 else None,
                     on_read=lambda method: self.metrics.confirmation_reads.labels(method).inc(),
+                    debounce_s=settings.confirm_debounce_s,
+                    jitter_s=min(1.0, settings.confirm_debounce_s),
                 ),
             )
         )

@@ -39,6 +39,7 @@ class Settings(BaseSettings):
     delete_breaker_window_s: float = 600.0
     delete_settle_s: float = 5.0
     confirm_batch_threshold: int = 3  # more pending candidates of a kind than this: one LIST; < 0: never
+    confirm_debounce_s: float = 1.5  # candidates gathered this long (+ up to 1 s jitter) before one read
 
     # API load
     api_qps: float = 5.0

@@ -65,6 +65,9 @@ def run(
     confirm_batch_threshold: Annotated[
         int | None, Opt(help="Pending candidates of a kind above which one LIST confirms them all (3; -1: never).")
     ] = None,
+    confirm_debounce: Annotated[
+        float | None, Opt(help="Seconds removal candidates are gathered before one confirmation read (1.5).")
+    ] = None,
     api_qps: Annotated[float | None, Opt(help="Client-side API request rate limit (5; 0: none).")] = None,
     api_burst: Annotated[int | None, Opt(help="Client-side API burst (10).")] = None,
     max_concurrent_origin_fetches: Annotated[
@@ -97,6 +100,7 @@ def run(
         "workers": workers,
         "startup_jitter_s": startup_jitter,
         "confirm_batch_threshold": confirm_batch_threshold,
+        "confirm_debounce_s": confirm_debounce,
         "api_qps": api_qps,
         "api_burst": api_burst,
         "max_concurrent_origin_fetches": max_concurrent_origin_fetches,
