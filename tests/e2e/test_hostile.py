@@ -40,7 +40,7 @@ from tests.e2e.conftest import AgentFactory
 from tests.support.agent import AgentProcess
 from tests.support.kube import Kube, bm, cbm
 from tests.support.models import tiny_llama
-from tests.support.waiting import eventually
+from tests.support.waiting import always, eventually
 
 pytestmark = pytest.mark.e2e
 
@@ -538,14 +538,6 @@ async def test_tokens_never_leak(
         await kube.delete_model(body["kind"], body["metadata"]["name"], body["metadata"].get("namespace"))
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "known bug, not fixed here (agent/runtime.py): a ConfigMap key truncated for a long name parses back to "
-        "a phantom model name; resync reconciles the phantom, confirms it gone, removes the real model's entry, "
-        "and each such removal counts toward the delete breaker, which then holds real removals"
-    ),
-)
 async def test_a_253_character_name_keeps_its_entry_and_trips_nothing(
     kube: Kube, make_agent: AgentFactory, unique: str
 ) -> None:
@@ -560,7 +552,7 @@ async def test_a_253_character_name_keeps_its_entry_and_trips_nothing(
         return case.matches(labels.get(case.label_key), entry_of(data, case.entry_key))
 
     await eventually(failed, timeout=30, what="the long-named model Failed")
-    await asyncio.sleep(8)  # four resyncs
+    await always(failed, duration=8, what="the entry of a live long-named model stays through four resyncs")
     assert agent.alive() and agent.starts == 1
     await asyncio.to_thread(agent.stop)  # flush the log
     removals = [line for line in agent.log_text().splitlines() if '"event": "model removed"' in line]

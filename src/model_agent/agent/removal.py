@@ -38,6 +38,7 @@ from model_agent.kube.resources import NODES
 from model_agent.local.layout import Layout, PathRefused, token_for
 from model_agent.local.manifest import Manifest, ManifestStore
 from model_agent.local.trash import Trash
+from model_agent.model.keys import ModelKind
 from model_agent.model.resources import InvalidModel, ModelObject, ModelRef, reserve_artifact
 from model_agent.model.selection import node_selected
 from model_agent.ops.events import NORMAL, WARNING, EventRecorder, ObjectRef
@@ -192,6 +193,20 @@ class Remover:
             return ObjectRef.of(confirmation.live)
         return ObjectRef(ref.kind.value, "ome.io/v1beta1", ref.name, ref.namespace, candidate.uid)
 
+    def _keys_of_other_live_models(self, ref: ModelRef) -> set[str]:
+        keys: set[str] = set()
+        for raw in self.ctx.cached_models():
+            meta = raw.get("metadata") or {}
+            try:
+                other = ModelRef(
+                    ModelKind(str(raw.get("kind"))), str(meta.get("namespace") or ""), str(meta.get("name"))
+                )
+            except ValueError:
+                continue
+            if other != ref and not meta.get("deletionTimestamp"):
+                keys.update((other.label_key, other.configmap_key))
+        return keys
+
     def _needed_elsewhere(self, ref: ModelRef, dest: Path, new_target: str | None = None) -> bool:
         """Does another live model (or this model's new spec) use this destination or a path inside it?"""
         if new_target is not None and new_target.endswith(f"|{dest}"):
@@ -246,8 +261,13 @@ class Remover:
                 await self._quarantine(manifest, candidate.why)
         for root in ctx.layout.roots:
             shutil.rmtree(root.staging / token_for(ref.key), ignore_errors=True)
-        await ctx.labels.ensure(ref.label_key, None)
-        await ctx.configmap.ensure(ref.configmap_key, None)
+        # A truncated label or ConfigMap key can be shared with (or read back from) another, live model's key:
+        # never remove a key that a cached live model owns.
+        owned_by_others = self._keys_of_other_live_models(ref)
+        if ref.label_key not in owned_by_others:
+            await ctx.labels.ensure(ref.label_key, None)
+        if ref.configmap_key not in owned_by_others:
+            await ctx.configmap.ensure(ref.configmap_key, None)
         await asyncio.to_thread(ctx.manifests.delete, ref.key)
         ctx.events.emit(
             self._ref_for_event(ref, candidate, confirmation),

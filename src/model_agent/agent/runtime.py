@@ -219,11 +219,12 @@ class Agent:
         if change.new is None or not self.node_configmap.identity_ok():
             self.enqueue_all()  # deleted, or stripped of the label the controller needs
             return
+        cached = {r.configmap_key: r.key for r in self._cached_refs()}
         for key in set(old) | set(new):
             if old.get(key) != new.get(key) and new.get(key) != self.node_configmap.written.get(key):
-                ref = _ref_from_configmap_key(key)
-                if ref is not None:
-                    self.queue.add(ref.key)
+                model_key = self._ref_for_configmap_key(key, cached)
+                if model_key is not None:
+                    self.queue.add(model_key)
 
     def _on_breaker_change(self, opened: bool, message: str) -> None:
         self.metrics.breaker_open.set(1 if opened else 0)
@@ -252,23 +253,33 @@ class Agent:
     def _cached_models(self) -> list[dict[str, Any]]:
         return [obj for r in self.models.values() for obj in r.store.values()]
 
-    def known_keys(self) -> set[str]:
-        keys: set[str] = set()
+    def _cached_refs(self) -> list[ModelRef]:
+        refs = []
         for obj in self._cached_models():
             meta = obj.get("metadata") or {}
             with contextlib.suppress(ValueError):
-                keys.add(
-                    ModelRef(
-                        ModelKind(str(obj.get("kind"))),
-                        str(meta.get("namespace") or ""),
-                        str(meta.get("name")),
-                    ).key
+                refs.append(
+                    ModelRef(ModelKind(str(obj.get("kind"))), str(meta.get("namespace") or ""), str(meta.get("name")))
                 )
+        return refs
+
+    def _ref_for_configmap_key(self, cm_key: str, cached: dict[str, str]) -> str | None:
+        """The model a ConfigMap key belongs to: a cached model's own key first (a truncated key parses back to
+        a name that no object has), else the key read back as OME's controller does."""
+        if cm_key in cached:
+            return cached[cm_key]
+        ref = _ref_from_configmap_key(cm_key)
+        return ref.key if ref is not None else None
+
+    def known_keys(self) -> set[str]:
+        refs = self._cached_refs()
+        keys: set[str] = {r.key for r in refs}
         keys.update(m.key for m in self.manifests.all())
+        cached = {r.configmap_key: r.key for r in refs}
         for cm_key in self.node_configmap.data():
-            ref = _ref_from_configmap_key(cm_key)
-            if ref is not None:
-                keys.add(ref.key)
+            key = self._ref_for_configmap_key(cm_key, cached)
+            if key is not None:
+                keys.add(key)
         return keys
 
     def enqueue_all(self) -> None:
