@@ -22,6 +22,7 @@ import binascii
 import os
 import re
 from dataclasses import dataclass
+from typing import Any
 
 from model_agent.kube.client import ApiError, KubeClient
 from model_agent.kube.resources import SECRETS
@@ -41,40 +42,47 @@ class ResolvedToken:
     origin: str  # "secret", "parameters", "environment", "anonymous"
 
 
+async def _named_secret(client: KubeClient, obj: ModelObject, agent_namespace: str) -> tuple[str, dict[str, Any]]:
+    """GET the Secret named by ``spec.storage.key`` under the namespace rules; (``ns/name``, the raw Secret)."""
+    storage = obj.spec.storage
+    assert storage.key
+    namespace = obj.metadata.namespace if obj.kind == ModelKind.BASE_MODEL else agent_namespace
+    if len(storage.key) > 253 or not _SECRET_NAME.fullmatch(storage.key):
+        # Never put such a value in an API path ("." or ".." would address the list or the namespace).
+        raise SourceError(
+            "SecretInvalid", f"spec.storage.key {storage.key[:300]!r} is not a valid Secret name", retryable=False
+        )
+    where = f"{namespace}/{storage.key}"
+    try:
+        return where, await client.request("GET", SECRETS.path(namespace, storage.key))
+    except ApiError as exc:
+        if exc.status == 404:
+            raise SourceError("SecretNotFound", f"Secret {where} named by spec.storage.key does not exist") from None
+        if exc.status in (401, 403):
+            raise SourceError("SecretForbidden", f"the agent may not read Secret {where} (RBAC)") from None
+        raise
+
+
+def _decode(raw: str) -> str | None:
+    try:
+        return base64.b64decode(raw, validate=True).decode().strip()
+    except (binascii.Error, UnicodeDecodeError):
+        return None
+
+
 async def resolve_hf_token(client: KubeClient, obj: ModelObject, agent_namespace: str) -> ResolvedToken:
     storage = obj.spec.storage
     if storage.key:
-        namespace = obj.metadata.namespace if obj.kind == ModelKind.BASE_MODEL else agent_namespace
-        if len(storage.key) > 253 or not _SECRET_NAME.fullmatch(storage.key):
-            # Never put such a value in an API path ("." or ".." would address the list or the namespace).
-            raise SourceError(
-                "SecretInvalid", f"spec.storage.key {storage.key[:300]!r} is not a valid Secret name", retryable=False
-            )
+        where, secret = await _named_secret(client, obj, agent_namespace)
         data_key = storage.parameters.get("secretKey") or DEFAULT_SECRET_DATA_KEY
-        try:
-            secret = await client.request("GET", SECRETS.path(namespace, storage.key))
-        except ApiError as exc:
-            if exc.status == 404:
-                raise SourceError(
-                    "SecretNotFound",
-                    f"Secret {namespace}/{storage.key} named by spec.storage.key does not exist",
-                ) from None
-            if exc.status in (401, 403):
-                raise SourceError(
-                    "SecretForbidden", f"the agent may not read Secret {namespace}/{storage.key} (RBAC)"
-                ) from None
-            raise
         raw = (secret.get("data") or {}).get(data_key)
         if not isinstance(raw, str):
-            raise SourceError("SecretNotFound", f"Secret {namespace}/{storage.key} has no data key {data_key!r}")
-        try:
-            token = base64.b64decode(raw, validate=True).decode().strip()
-        except (binascii.Error, UnicodeDecodeError):
-            raise SourceError(
-                "SecretInvalid", f"Secret {namespace}/{storage.key} key {data_key!r} is not text"
-            ) from None
+            raise SourceError("SecretNotFound", f"Secret {where} has no data key {data_key!r}")
+        token = _decode(raw)
+        if token is None:
+            raise SourceError("SecretInvalid", f"Secret {where} key {data_key!r} is not text")
         if not token:
-            raise SourceError("SecretInvalid", f"Secret {namespace}/{storage.key} key {data_key!r} is empty")
+            raise SourceError("SecretInvalid", f"Secret {where} key {data_key!r} is empty")
         register_secret(token)
         register_secret(raw)  # the Secret's own base64 text, should an object or a response ever be logged
         return ResolvedToken(token, "secret")
@@ -96,33 +104,13 @@ async def read_storage_secret(client: KubeClient, obj: ModelObject, agent_namesp
     that is missing is ``SecretNotFound``, not a fall-back to ambient credentials. Values are stripped of
     surrounding whitespace and registered for log masking; entries that are not text are left out.
     """
-    storage = obj.spec.storage
-    if not storage.key:
+    if not obj.spec.storage.key:
         return None
-    namespace = obj.metadata.namespace if obj.kind == ModelKind.BASE_MODEL else agent_namespace
-    if len(storage.key) > 253 or not _SECRET_NAME.fullmatch(storage.key):
-        raise SourceError(
-            "SecretInvalid", f"spec.storage.key {storage.key[:300]!r} is not a valid Secret name", retryable=False
-        )
-    try:
-        secret = await client.request("GET", SECRETS.path(namespace, storage.key))
-    except ApiError as exc:
-        if exc.status == 404:
-            raise SourceError(
-                "SecretNotFound", f"Secret {namespace}/{storage.key} named by spec.storage.key does not exist"
-            ) from None
-        if exc.status in (401, 403):
-            raise SourceError(
-                "SecretForbidden", f"the agent may not read Secret {namespace}/{storage.key} (RBAC)"
-            ) from None
-        raise
+    _, secret = await _named_secret(client, obj, agent_namespace)
     data: dict[str, str] = {}
     for name, raw in (secret.get("data") or {}).items():
-        if not isinstance(raw, str):
-            continue
-        try:
-            value = base64.b64decode(raw, validate=True).decode().strip()
-        except (binascii.Error, UnicodeDecodeError):
+        value = _decode(raw) if isinstance(raw, str) else None
+        if value is None:
             continue
         register_secret(value)
         data[str(name)] = value
