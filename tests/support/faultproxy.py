@@ -642,8 +642,13 @@ class FaultProxy:
     async def ainject_deleted(self, path: str, obj: JSON, *, timeout: float = CALL_TIMEOUT_S) -> int:
         return await self.ainject_watch_event(path, {"type": "DELETED", "object": obj}, timeout=timeout)
 
-    async def _inject(self, pattern: re.Pattern[str], event: JSON) -> int:
-        line = json.dumps(event, separators=(",", ":")).encode() + b"\n"
+    async def ainject_watch_events(self, path: str, events: list[JSON], *, timeout: float = CALL_TIMEOUT_S) -> int:
+        """Write all ``events`` into every matching open watch in one burst (one write per watch)."""
+        return await self._acall(self._inject(re.compile(path), events), timeout)
+
+    async def _inject(self, pattern: re.Pattern[str], event: JSON | list[JSON]) -> int:
+        events = event if isinstance(event, list) else [event]
+        line = b"".join(json.dumps(e, separators=(",", ":")).encode() + b"\n" for e in events)
         with self._cond:
             targets = [w for w in self._watches if pattern.search(w.path)]
         reached = 0

@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import pytest
 
 from model_agent.local import trash as trash_module
-from model_agent.local.layout import Layout, Root
+from model_agent.local.layout import Layout, PathRefused, Root
 from model_agent.local.manifest import FileRecord, Manifest
 from model_agent.local.trash import Trash
 
@@ -208,3 +208,19 @@ def test_unreadable_entries_are_skipped(trash: Trash, root: Root) -> None:
     entry = trash.quarantine(model_on_disk(root, "m1"), root, "gone")
     assert entry is not None
     assert [e.id for e in trash.entries()] == [entry.id]
+
+
+def test_quarantine_refuses_a_parent_swapped_for_a_symlink_out_of_the_root(
+    trash: Trash, root: Root, tmp_path: Path
+) -> None:
+    outside = tmp_path / "outside"
+    (outside / "model").mkdir(parents=True)
+    (outside / "model" / "keep.bin").write_bytes(b"not ours")
+    manifest = manifest_for(root, "model")
+    manifest.dest = str(root.path / "org" / "model")
+    # After validation, someone replaces the directory above the destination with a link out of the root.
+    (root.path / "org").symlink_to(outside)
+    with pytest.raises(PathRefused):
+        trash.quarantine(manifest, root, "test")
+    assert (outside / "model" / "keep.bin").read_bytes() == b"not ours"
+    assert list(root.trash.iterdir()) == []

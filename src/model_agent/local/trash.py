@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from model_agent.local.layout import Layout, Root, token_for
+from model_agent.local.layout import Layout, PathRefused, Root, token_for
 from model_agent.local.manifest import Manifest, fsync_dir, write_atomic
 
 
@@ -61,9 +61,20 @@ class Trash:
     def __init__(self, layout: Layout) -> None:
         self.layout = layout
 
+    def _confined(self, dest: Path) -> None:
+        """Re-check, right before a rename, that no directory above ``dest`` became a symlink out of the roots.
+
+        ``rename`` does not follow a symlink in its last component, but it does in the directories above it;
+        validation happened earlier, so the check is repeated here to narrow the window to this instant.
+        """
+        self.layout.confine(str(dest.parent / "x"))
+        if dest.parent.resolve() != dest.parent:
+            raise PathRefused(f"{dest.parent} resolves elsewhere ({dest.parent.resolve()}); not moving through it")
+
     def quarantine(self, manifest: Manifest, root: Root, reason: str) -> TrashEntry | None:
         """Move ``manifest.dest`` into the trash; None when there was nothing on disk to move."""
         dest = Path(manifest.dest)
+        self._confined(dest)
         if not dest.exists() and not dest.is_symlink():
             return None
         now = time.time()
@@ -111,7 +122,9 @@ class Trash:
     def restore(self, entry: TrashEntry) -> None:
         """Rename the data back to its destination (which must not exist) and drop the entry."""
         dest = Path(entry.manifest.dest)
+        self._confined(dest)
         dest.parent.mkdir(parents=True, exist_ok=True)
+        self._confined(dest)
         os.rename(entry.data, dest)
         fsync_dir(dest.parent)
         shutil.rmtree(entry.directory, ignore_errors=True)
