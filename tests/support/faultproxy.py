@@ -54,7 +54,6 @@ import ssl
 import threading
 from collections.abc import Callable, Coroutine, Mapping
 from pathlib import Path
-from types import TracebackType
 from typing import Any, Literal, TypeVar
 
 import aiohttp
@@ -62,6 +61,8 @@ import yaml
 from aiohttp import web
 from multidict import CIMultiDict
 from yarl import URL
+
+from model_agent.devenv.service import ManagedService
 
 JSON = dict[str, Any]
 T = TypeVar("T")
@@ -464,7 +465,7 @@ def _kubeconfig_path(value: Any, base: Path) -> Path:
     return path if path.is_absolute() else base / path
 
 
-class FaultProxy:
+class FaultProxy(ManagedService):
     """The proxy. ``FaultProxy(upstream_url, ca, cert, key)``, then :meth:`start` (or ``with``/``async with``)."""
 
     def __init__(
@@ -713,27 +714,6 @@ class FaultProxy:
 
     async def astart(self) -> int:
         return await asyncio.to_thread(self.start)
-
-    async def astop(self) -> None:
-        await asyncio.to_thread(self.stop)
-
-    def __enter__(self) -> FaultProxy:
-        self.start()
-        return self
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.stop()
-
-    async def __aenter__(self) -> FaultProxy:
-        await self.astart()
-        return self
-
-    async def __aexit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        await self.astop()
 
     def _call(self, coro: Coroutine[Any, Any, T], timeout: float) -> T:
         loop = self._loop

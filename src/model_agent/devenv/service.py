@@ -19,8 +19,8 @@ class ManagedService:
     def stop(self) -> None:
         raise NotImplementedError
 
-    async def astart(self) -> None:
-        await asyncio.to_thread(self.start)
+    async def astart(self) -> object:
+        return await asyncio.to_thread(self.start)
 
     async def astop(self) -> None:
         await asyncio.to_thread(self.stop)
