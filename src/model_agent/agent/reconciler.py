@@ -22,6 +22,7 @@ import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -39,7 +40,7 @@ from model_agent.local.layout import Layout, PathRefused, Root, token_for
 from model_agent.local.manifest import Manifest, ManifestStore
 from model_agent.local.trash import Trash
 from model_agent.model.entry import DownloadProgress, ModelEntry, rfc3339
-from model_agent.model.keys import ModelKind, ModelState
+from model_agent.model.keys import ModelState
 from model_agent.model.metadata import MetadataError, ParsedMetadata, parse_model_dir
 from model_agent.model.resources import InvalidModel, ModelObject, ModelRef, skip_config_parsing
 from model_agent.model.selection import node_selected
@@ -210,7 +211,7 @@ class Reconciler:
         try:
             obj = ModelObject.from_dict(ref.kind, raw)
         except InvalidModel as exc:
-            await self._fail(ref, raw, "InvalidModel", exc.reason, retry=False)
+            await self._fail(ref, raw, "InvalidModel", exc.reason)
             return
         if obj.deleting:
             await self._candidate(ref, manifest, obj, "deletionTimestamp set")
@@ -221,7 +222,7 @@ class Reconciler:
         try:
             target = self.target_of(obj)
         except Invalid as exc:
-            await self._fail(ref, raw, exc.reason, exc.message, retry=False)
+            await self._fail(ref, raw, exc.reason, exc.message)
             return
         await self._converge(ref, obj, raw, target, manifest)
 
@@ -286,7 +287,6 @@ class Reconciler:
                 raw,
                 "UnsupportedStorage",
                 f"{target.storage_type.value} sources are not supported by this agent version",
-                retry=False,
             )
             return
         job = ctx.fetcher.job(ref.key)
@@ -297,7 +297,7 @@ class Reconciler:
         if failure is not None:
             remaining = failure.retry_at - time.monotonic()
             if not failure.retryable or remaining > 0:
-                await self._fail(ref, raw, failure.reason, failure.message, retry=False)
+                await self._fail(ref, raw, failure.reason, failure.message)
                 if failure.retryable:
                     ctx.requeue_after(ref.key, remaining)
                 return
@@ -425,9 +425,7 @@ class Reconciler:
         metadata: dict[str, Any] | None = None
         if target.storage_type == StorageType.LOCAL:
             if not target.dest.is_dir():
-                await self._fail(
-                    ref, raw, "LocalPathNotFound", f"{target.dest} does not exist on this node", retry=True
-                )
+                await self._fail(ref, raw, "LocalPathNotFound", f"{target.dest} does not exist on this node")
                 ctx.requeue_after(ref.key, 30.0)
                 return
             metadata = await asyncio.to_thread(self._parse_metadata, obj, target.dest, 0)
@@ -512,7 +510,7 @@ class Reconciler:
             ctx.labels.ensure(ref.label_key, state.value), ctx.configmap.ensure(ref.configmap_key, value)
         )
 
-    async def _fail(self, ref: ModelRef, raw: dict[str, Any], reason: str, message: str, *, retry: bool) -> None:
+    async def _fail(self, ref: ModelRef, raw: dict[str, Any], reason: str, message: str) -> None:
         ctx = self.ctx
         already = ctx.labels.labels().get(ref.label_key) == ModelState.FAILED.value
         current = ModelEntry.from_json(ctx.configmap.data().get(ref.configmap_key, "") or "")
@@ -573,9 +571,7 @@ def _metric_labels(ref: ModelRef) -> tuple[str, str, str]:
     return (ref.kind.value, ref.namespace, ref.name)
 
 
-def _utcnow() -> Any:
-    from datetime import UTC, datetime
-
+def _utcnow() -> datetime:
     return datetime.now(UTC)
 
 
@@ -607,7 +603,3 @@ def _config_from_record(metadata: dict[str, Any]) -> Any:
     doc = {"name": "x", "status": "Ready", "config": metadata.get("config")}
     entry = ModelEntry.from_json(json.dumps(doc))
     return entry.config if entry is not None else None
-
-
-def kind_of(obj: dict[str, Any]) -> ModelKind:
-    return ModelKind(str(obj.get("kind")))

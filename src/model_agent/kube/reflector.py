@@ -27,7 +27,7 @@ import structlog
 
 from model_agent.kube.client import ApiError, ApiUnavailable, KubeClient
 from model_agent.kube.resources import Resource
-from model_agent.kube.store import Change, Store, object_key
+from model_agent.kube.store import Change, Store
 
 log = structlog.get_logger(__name__)
 
@@ -192,7 +192,3 @@ class Reflector:
             self._on_change(change, source)
         except Exception:  # a handler bug must not kill the watch
             log.exception("change handler failed", resource=self.name, key=change.key)
-
-
-def key_of(obj: dict[str, Any]) -> str:
-    return object_key(obj)
