@@ -105,6 +105,18 @@ async def test_label_and_configmap_drift_is_repaired(
         )
 
     await eventually(recreated, timeout=10, what="ConfigMap recreated with identity and entry")
+
+    # A model label and an entry for a model that does not exist: confirmed gone, removed at the next resync.
+    ghost = f"ghost-{unique}"
+    await kube.label_node(agent.node, {node_label_key(CBM, "", ghost): "Ready"})
+    await kube.c.request(
+        "PATCH",
+        cm_path,
+        body={"data": {configmap_key(CBM, "", ghost): '{"name":"x","status":"Ready"}'}},
+        content_type=merge,
+    )
+    await wait_state(kube, agent, ghost, (None, None), timeout=20)
+    await wait_state(kube, agent, name, ("Ready", "Ready"), timeout=5)
     await kube.delete_model(CBM, name)
 
 

@@ -280,6 +280,14 @@ class Agent:
             key = self._ref_for_configmap_key(cm_key, cached)
             if key is not None:
                 keys.add(key)
+        # A model label with no model behind it (left by a crash, or by another agent) is a candidate too; its
+        # name part has the ConfigMap key's format.
+        cached_labels = {r.label_key: r.key for r in refs}
+        prefix = MODEL_LABEL_DOMAIN + "/"
+        for label_key in self.labels.model_labels():
+            key = cached_labels.get(label_key) or self._ref_for_configmap_key(label_key.removeprefix(prefix), {})
+            if key is not None:
+                keys.add(key)
         return keys
 
     def enqueue_all(self) -> None:
