@@ -521,6 +521,9 @@ class Reconciler:
         await ctx.configmap.ensure(ref.configmap_key, value)
         if not already or changed_entry:
             ctx.metrics.downloads_failed.labels(*_metric_labels(ref)).inc()
+            if reason == "RateLimited":  # OME's pair: a count and a (nominal 30 s) wait observation
+                ctx.metrics.rate_limit.labels(*_metric_labels(ref)).inc()
+                ctx.metrics.rate_limit_wait.labels(*_metric_labels(ref)).observe(30)
             ctx.events.emit(ObjectRef.of(raw), WARNING, reason, message)
             log.warning("model failed", key=ref.key, reason=reason, message=message)
 
