@@ -75,6 +75,8 @@ class Agent:
         self.client = client
         self.metrics = Metrics()
         client.observers.append(self.metrics.observe_api)
+        self.forbidden: dict[str, float] = {}  # resource -> last 401/403 (monotonic), for /healthz
+        client.observers.append(self._note_forbidden)
         if settings.api_qps > 0:
             client.before_request = TokenBucket(settings.api_qps, settings.api_burst).acquire
         self.layout = Layout(settings.models_root_dir, list(settings.allowed_roots))
@@ -237,6 +239,30 @@ class Agent:
         }
         self.events.emit(ObjectRef.of(node), WARNING, "DeleteBreakerOpen" if opened else "DeleteBreakerClosed", message)
         log.warning("delete breaker", open=opened, message=message)
+
+    def _note_forbidden(self, verb: str, resource: str, status: int, _seconds: float) -> None:
+        if status in (401, 403):
+            first = resource not in self.forbidden
+            self.forbidden[resource] = time.monotonic()
+            if first and self.started.is_set():
+                node = self.node.store.get(self.settings.node_name) or {
+                    "kind": "Node",
+                    "apiVersion": "v1",
+                    "metadata": {"name": self.settings.node_name},
+                }
+                self.events.emit(
+                    ObjectRef.of(node),
+                    WARNING,
+                    "Forbidden",
+                    f"the agent may not {verb} {resource} (HTTP {status}): check its RBAC; removals that need a "
+                    "confirmation read are held until it can",
+                )
+
+    def rbac_problem(self, window_s: float = 600.0) -> str | None:
+        """A /healthz check: any request denied within the window names its resource here."""
+        now = time.monotonic()
+        denied = sorted(r for r, t in self.forbidden.items() if now - t < window_s)
+        return f"requests denied (401/403) for: {', '.join(denied)}" if denied else None
 
     def _repair_cache(self, live: dict[str, Any]) -> None:
         reflector = self.models.get(str(live.get("kind") or ""))

@@ -148,6 +148,7 @@ async def _main(settings: Settings) -> int:
             synced=agent.synced,
             status=agent.status_snapshot,
             verify=agent.verify,
+            rbac_problem=agent.rbac_problem,
         ),
         "0.0.0.0",
         settings.port,

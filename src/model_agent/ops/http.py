@@ -6,7 +6,9 @@ Unlike OME's (whose liveness always succeeds), every check here can fail:
   and every reflector made progress (an event, a bookmark or a successful list) within ``stale_after_s``;
 * ``/readyz`` — every cache has synced once;
 * ``/healthz`` (and ``/healthz/model-agent-health``) — each models root exists, is a directory and is
-  writable, and the API server answered within the last ``api_fresh_s`` (checked with ``/version``).
+  writable, the API server answered within the last ``api_fresh_s`` (checked with ``/version``), and no
+  request was denied (401/403) in the last 10 minutes — an agent whose RBAC lacks ``get`` on the model kinds
+  can never confirm a removal, and says so here, in an Event on its Node and in ``model_agent_rbac_denied``.
 
 Add ``?verbose`` for one line per check. Failures answer HTTP 500.
 """
@@ -38,6 +40,7 @@ class HealthSources:
     synced: Callable[[], bool]
     status: Callable[[], dict[str, Any]] = dict
     verify: Callable[[list[str] | None], Awaitable[dict[str, list[str]]]] | None = None
+    rbac_problem: Callable[[], str | None] = lambda: None
     stale_after_s: float = 900.0
     api_fresh_s: float = 30.0
 
@@ -127,6 +130,7 @@ class HealthServer:
                 why = f"{root} is not writable"
             checks.append(("model-agent-health", why))
         checks.append(("api-server", await self._api_check()))
+        checks.append(("rbac", self.s.rbac_problem()))
         return self._answer(req, checks, "healthz")
 
     async def _api_check(self) -> str | None:
