@@ -9,6 +9,8 @@ from pathlib import Path
 import pytest
 
 from model_agent.devenv.olah import OlahServer
+from model_agent.kube.client import ApiError
+from model_agent.kube.resources import BASEMODELS, CLUSTERBASEMODELS
 from tests.support.agent import AgentProcess
 from tests.support.faultproxy import FaultProxy
 from tests.support.kube import Kube
@@ -46,10 +48,27 @@ async def make_agent(
         await asyncio.to_thread(agent.wait_ready)
         return agent
 
-    yield factory
-    for agent in agents:
-        if agent.alive():
-            agent.stop()
+    try:
+        yield factory
+    finally:
+        for agent in agents:
+            if agent.alive():
+                agent.stop()
+
+
+@pytest.fixture(autouse=True)
+async def no_leftover_models(kube: Kube) -> AsyncIterator[None]:
+    """Every e2e test shares one API server: whatever models a test leaves (a failed test skips its own
+    clean-up) are deleted after it, so they cannot leak into the next test's node."""
+    yield
+    for resource in (CLUSTERBASEMODELS, BASEMODELS):
+        try:
+            items = (await kube.c.request("GET", resource.path()))["items"]
+        except ApiError:
+            continue  # the kind may be gone (a test deletes the CRD)
+        for item in items:
+            meta = item["metadata"]
+            await kube.delete_model(resource.kind, meta["name"], meta.get("namespace"))
 
 
 @pytest.fixture

@@ -9,6 +9,7 @@ import os
 import signal
 import socket
 from pathlib import Path
+from typing import Any
 
 import pytest
 from typer.testing import CliRunner
@@ -18,6 +19,7 @@ from model_agent.devenv import controlplane as cp
 from model_agent.kube.client import ApiError, KubeClient
 from model_agent.kube.resources import CLUSTERBASEMODELS, CRDS, NODES
 from tests.support.kube import Kube, cbm
+from tests.support.waiting import eventually
 
 pytestmark = pytest.mark.e2e
 
@@ -36,12 +38,17 @@ async def test_version_nodes_and_crds(control_plane: cp.ControlPlane, kube: Kube
 
 async def test_crd_server_side_apply_ends_the_watch_and_relist_succeeds(kube: Kube, unique: str) -> None:
     name = f"ssa-{unique}"
-    created = await kube.apply(cbm(name, "hf://acme/tiny", "/mnt/models/x"))
-    uid = created["metadata"]["uid"]
-    listing = await kube.c.request("GET", CLUSTERBASEMODELS.path())
-    rv = listing["metadata"]["resourceVersion"]
 
+    async def listing() -> dict[str, Any] | None:
+        try:
+            return await kube.c.request("GET", CLUSTERBASEMODELS.path())
+        except ApiError as exc:
+            assert exc.status == 429, exc  # a fresh CRD's storage answers 429 until its cache is ready
+            return None
+
+    rv = (await eventually(listing, timeout=60, what="a first LIST"))["metadata"]["resourceVersion"]
     events: list[str] = []
+    established = asyncio.Event()
 
     async def watch() -> str:
         async for event in kube.c.watch_lines(
@@ -50,9 +57,16 @@ async def test_crd_server_side_apply_ends_the_watch_and_relist_succeeds(kube: Ku
             read_timeout=150,
         ):
             events.append(str(event.get("type")))
+            if (event.get("object") or {}).get("metadata", {}).get("name") == name:
+                established.set()
         return "ended"
 
     watcher = asyncio.create_task(watch())
+    # The object is created after the watch starts, so its ADDED event proves the watch is established
+    # before the CRD changes (otherwise the watch request itself could meet the re-initialising storage).
+    created = await kube.apply(cbm(name, "hf://acme/tiny", "/mnt/models/x"))
+    uid = created["metadata"]["uid"]
+    await asyncio.wait_for(established.wait(), 60)
     original = next(d for d in cp.crd_documents() if d["metadata"]["name"] == "clusterbasemodels.ome.io")
     changed = copy.deepcopy(original)
     changed["spec"]["versions"][0]["additionalPrinterColumns"].append(
@@ -60,21 +74,20 @@ async def test_crd_server_side_apply_ends_the_watch_and_relist_succeeds(kube: Ku
     )
     try:
         await cp.apply_crd(kube.c, changed)
-        assert await asyncio.wait_for(watcher, 60) == "ended"
+        assert await asyncio.wait_for(watcher, 150) == "ended"
         assert "DELETED" not in events
 
-        # The relist a reflector would do now: it succeeds and still holds the object with its UID.
-        async def relist() -> dict[str, str]:
-            items = (await kube.c.request("GET", CLUSTERBASEMODELS.path()))["items"]
+        # The relist a reflector would do now: it succeeds (after 429s while the new watch cache initialises)
+        # and still holds the object with its UID.
+        async def relist() -> dict[str, str] | None:
+            try:
+                items = (await kube.c.request("GET", CLUSTERBASEMODELS.path()))["items"]
+            except ApiError as exc:
+                assert exc.status in (429, 503), exc
+                return None
             return {i["metadata"]["name"]: i["metadata"]["uid"] for i in items}
 
-        for _ in range(600):
-            try:
-                found = await relist()
-                break
-            except ApiError as exc:  # 429 while the new watch cache initialises
-                assert exc.status in (429, 503), exc
-                await asyncio.sleep(0.05)
+        found = await eventually(relist, timeout=120, what="a successful relist after the CRD apply")
         assert found[name] == uid
     finally:
         watcher.cancel()

@@ -91,7 +91,7 @@ async def test_relists_that_omit_live_objects_touch_nothing(
     before = await snapshot(kube, agent, name, dest)
     for i in range(20):
         relists = agent.metric("model_agent_relists_total", resource="clusterbasemodels")
-        proxy.add_rule(Rule(CBM_PATH + "$", strip_list_items(by_name(name)), verb="list", times=1))
+        strip = proxy.add_rule(Rule(CBM_PATH + "$", strip_list_items(by_name(name)), verb="list", times=1))
         # A 410 on the next watch makes the reflector relist (the relist then lacks the object).
         proxy.add_rule(Rule(CBM_PATH + "$", respond(410), watch=True, times=1))
         # End the current watch so the reflector re-watches and meets the 410.
@@ -99,14 +99,16 @@ async def test_relists_that_omit_live_objects_touch_nothing(
             CBM_PATH, {"type": "ERROR", "object": {"kind": "Status", "code": 410, "reason": "Expired"}}
         )
 
-        async def relisted(relists: float = relists, i: int = i) -> bool:
-            return (
-                agent.metric("model_agent_relists_total", resource="clusterbasemodels") > relists
-                and confirmations(agent, "alive_same_uid") >= i + 1
-            )
+        async def relisted(relists: float = relists, strip: Any = strip) -> bool:
+            after = agent.metric("model_agent_relists_total", resource="clusterbasemodels")
+            return strip.fired == 1 and after > relists
 
-        await eventually(relisted, timeout=30, what=f"relist {i + 1} and its confirmation")
+        await eventually(relisted, timeout=30, what=f"relist {i + 1} without the object")
         assert await snapshot(kube, agent, name, dest) == before
+    # Whether a vanished key was confirmed (alive) or a later relist brought it back first depends on timing;
+    # either way nothing was ever removed, and the reads that happened all proved it alive.
+    assert confirmations(agent, "alive_same_uid") >= 1
+    assert await snapshot(kube, agent, name, dest) == before
     assert confirmations(agent, "confirmed_gone") == 0
     await kube.delete_model(CBM, name)
 

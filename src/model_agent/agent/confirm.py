@@ -109,6 +109,8 @@ class _Waiter:
 class Confirmer:
     """Coalesces confirmations: many candidates of one kind at once are confirmed by one LIST.
 
+    An object absent from the LIST is confirmed by its own GET before it counts as gone (a LIST proves
+    presence for a whole storm at once; absence is proven per object, as without coalescing).
     Candidates arriving within ``debounce_s`` (plus up to ``jitter_s``, so a fleet hit by the same storm does
     not LIST in the same instant) of the first one are gathered per kind. A gathering of at most
     ``batch_threshold`` candidates is confirmed with one GET each; a larger one (a storm: a relist after a
@@ -209,4 +211,11 @@ class Confirmer:
             detail = f"LIST failed: {exc}"
             gone = isinstance(exc, ApiError) and exc.status == 404
             return [Confirmation(Outcome.READ_FAILED, detail=detail, type_gone=gone) for _ in batch]
-        return [decide_from_list(w.ref, w.uid, listed) for w in batch]
+        decisions = [decide_from_list(w.ref, w.uid, listed) for w in batch]
+        # A LIST proves presence for a whole storm at once; absence it only suggests: each object it lacks is
+        # read once more on its own, so no single answer — a LIST that drops items — can remove anything.
+        absent = [i for i, d in enumerate(decisions) if d.outcome == Outcome.CONFIRMED_GONE]
+        rechecked = await asyncio.gather(*(self._get(batch[i].ref, batch[i].uid) for i in absent))
+        for i, decision in zip(absent, rechecked, strict=True):
+            decisions[i] = decision
+        return decisions
