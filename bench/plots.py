@@ -35,7 +35,7 @@ def startup(result: dict[str, Any], out: Path) -> None:
 
 def fleet(results: list[dict[str, Any]], out: Path) -> None:
     def reads(cell: dict[str, Any], mode: str) -> int:
-        reqs = cell[f"storm_{mode}"]["requests"]
+        reqs = (cell.get(f"storm_{mode}") or {"requests": {}})["requests"]
         return sum(v for k, v in reqs.items() if k.startswith(("get clusterbasemodels", "list clusterbasemodels")))
 
     labels = [f"N={r['agents']}\nM={r['models']}" for r in results]

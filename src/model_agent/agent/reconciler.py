@@ -527,6 +527,13 @@ class Reconciler:
             ctx.events.emit(ObjectRef.of(raw), WARNING, reason, message)
             log.warning("model failed", key=ref.key, reason=reason, message=message)
 
+    async def stop_background(self) -> None:
+        """Cancel spec enrichment still waiting or running (informational; the next start retries it)."""
+        tasks = list(self._background)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
     def _enrich_spec_later(self, ref: ModelRef, obj: ModelObject, raw: dict[str, Any], manifest: Manifest) -> None:
         """Spec enrichment is informational: run it beside the reconcile loop, a few at a time."""
         if obj.metadata.uid in self._enriched or not manifest.metadata:

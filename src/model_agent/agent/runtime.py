@@ -487,6 +487,7 @@ class Agent:
         await asyncio.gather(*self._workers, return_exceptions=True)
         self._workers.clear()
         await self.fetcher.stop()
+        await self.reconciler.stop_background()
         await self.labels.close()
         await self.node_configmap.close()
         await self.events.close()
