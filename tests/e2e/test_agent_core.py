@@ -73,9 +73,14 @@ async def test_cluster_and_namespaced_models_become_ready(
     bentry = await kube.entry(agent.node, configmap_key("BaseModel", "team-a", name))
     assert bentry is not None and bentry["status"] == "Ready"
     assert_same_files(root / "team-a" / name, files)
-    # Spec enrichment: empty fields filled once from the parsed metadata.
-    live = await kube.get_model(CBM, name)
-    assert live["spec"].get("modelArchitecture") == "LlamaForCausalLM"
+
+    # Spec enrichment: empty fields filled once from the parsed metadata (in the background, after the
+    # labels and entries that scheduling waits for).
+    async def enriched() -> bool:
+        live = await kube.get_model(CBM, name)
+        return bool(live["spec"].get("modelArchitecture") == "LlamaForCausalLM")
+
+    await eventually(enriched, timeout=30, what="empty spec fields filled from the metadata")
     await kube.delete_model(CBM, name)
     await kube.delete_model("BaseModel", name, "team-a")
 
