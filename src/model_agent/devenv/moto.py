@@ -41,7 +41,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from model_agent.devenv.service import ManagedService
+from model_agent.devenv.service import ManagedService, wait_until_answering
 
 if TYPE_CHECKING:
     from types_boto3_s3.client import S3Client
@@ -136,27 +136,20 @@ class MotoServer(ManagedService):
     def _wait_ready(self, deadline: float, offset: int) -> bool:
         assert self._proc is not None
         url = f"{self.endpoint}/moto-api/"
-        while True:
-            try:
-                with urllib.request.urlopen(url, timeout=2):
-                    return True
-            except urllib.error.HTTPError:
-                return True
-            except (urllib.error.URLError, OSError):
-                pass
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise MotoError(f"moto did not answer on {url} within {self.start_timeout:.0f}s: see {self.log_path}")
-            try:
-                code = self._proc.wait(timeout=min(0.1, remaining))
-            except subprocess.TimeoutExpired:
-                continue
-            self._proc = None
-            output = self._log_since(offset)
-            if "Address already in use" in output or "address already in use" in output:
-                return False
-            last = output.strip().splitlines()[-1] if output.strip() else "no output"
-            raise MotoError(f"moto exited with code {code} during start-up: {last[:300]} (log: {self.log_path})")
+        try:
+            code = wait_until_answering(self._proc, url, deadline, poll_s=0.1)
+        except TimeoutError:
+            raise MotoError(
+                f"moto did not answer on {url} within {self.start_timeout:.0f}s: see {self.log_path}"
+            ) from None
+        if code is None:
+            return True
+        self._proc = None
+        output = self._log_since(offset)
+        if "Address already in use" in output or "address already in use" in output:
+            return False
+        last = output.strip().splitlines()[-1] if output.strip() else "no output"
+        raise MotoError(f"moto exited with code {code} during start-up: {last[:300]} (log: {self.log_path})")
 
     def stop(self) -> None:
         """SIGTERM, then SIGKILL after ``stop_timeout``. Idempotent."""

@@ -62,8 +62,6 @@ import subprocess
 import sys
 import threading
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Iterable, Mapping
 from pathlib import Path, PurePosixPath
 
@@ -71,7 +69,7 @@ import aiohttp
 from aiohttp import web
 from yarl import URL
 
-from model_agent.devenv.service import ManagedService
+from model_agent.devenv.service import ManagedService, wait_until_answering
 
 OLAH_VERSION = "0.5.4"
 OLAH_REQUIREMENT = f"olah=={OLAH_VERSION}"
@@ -638,28 +636,21 @@ class OlahServer(ManagedService):
         # Any HTTP answer means uvicorn finished start-up. "/" is no use: olah 0.5.4's index template
         # fails with starlette 1.x (500 and a traceback in the log). An unknown repository is a cheap 401.
         url = f"{self.olah_endpoint}/api/models/model-agent/readiness-probe/revision/main"
-        while True:
-            try:
-                with urllib.request.urlopen(url, timeout=2):
-                    return True
-            except urllib.error.HTTPError:
-                return True
-            except (urllib.error.URLError, OSError):
-                pass
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise OlahError(f"olah did not answer on {url} within {self.start_timeout:.0f}s: see {self.log_path}")
-            try:  # doubles as the poll interval: returns at once if olah exits
-                code = self._proc.wait(timeout=min(0.05, remaining))
-            except subprocess.TimeoutExpired:
-                continue
-            self._proc = None
-            with self.log_path.open("rb") as log:
-                log.seek(log_offset)
-                output = log.read().decode(errors="replace")
-            if "address already in use" in output:
-                return False
-            raise OlahError(f"olah exited with code {code} during start-up: {_one_line(output)} (log: {self.log_path})")
+        try:
+            code = wait_until_answering(self._proc, url, deadline)
+        except TimeoutError:
+            raise OlahError(
+                f"olah did not answer on {url} within {self.start_timeout:.0f}s: see {self.log_path}"
+            ) from None
+        if code is None:
+            return True
+        self._proc = None
+        with self.log_path.open("rb") as log:
+            log.seek(log_offset)
+            output = log.read().decode(errors="replace")
+        if "address already in use" in output:
+            return False
+        raise OlahError(f"olah exited with code {code} during start-up: {_one_line(output)} (log: {self.log_path})")
 
     def stop(self) -> None:
         """Stop the proxy and olah (SIGTERM, then SIGKILL after ``stop_timeout``). Idempotent."""

@@ -8,8 +8,37 @@ however the block ends.
 from __future__ import annotations
 
 import asyncio
+import subprocess
+import time
+import urllib.error
+import urllib.request
 from types import TracebackType
 from typing import Self
+
+
+def wait_until_answering(
+    proc: subprocess.Popen[bytes], url: str, deadline: float, *, poll_s: float = 0.05
+) -> int | None:
+    """Poll ``url`` until any HTTP answer (None), or until ``proc`` exits (its exit code).
+
+    Raises TimeoutError at ``deadline`` (monotonic). Waiting on the process doubles as the poll interval, so
+    an exit is noticed at once.
+    """
+    while True:
+        try:
+            with urllib.request.urlopen(url, timeout=2):
+                return None
+        except urllib.error.HTTPError:
+            return None  # any status means the server is up
+        except (urllib.error.URLError, OSError):
+            pass
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise TimeoutError(url)
+        try:
+            return proc.wait(timeout=min(poll_s, remaining))
+        except subprocess.TimeoutExpired:
+            continue
 
 
 class ManagedService:
