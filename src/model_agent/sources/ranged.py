@@ -87,6 +87,8 @@ STATE_VERSION = 1
 SUPPORTED_CHECKSUMS = frozenset({"md5", "sha1", "sha256", "crc32"})
 
 UrlSource = str | Callable[[], str] | Callable[[], Awaitable[str]]
+# Extra request headers: fixed, or computed per request from its URL (request signing, e.g. OCI's).
+HeaderSource = Mapping[str, str] | Callable[[str], Mapping[str, str]]
 _T = TypeVar("_T")
 
 
@@ -420,7 +422,7 @@ class RangedDownloader:
         path: Path,
         expected: Expected,
         *,
-        headers: Mapping[str, str] | None = None,
+        headers: HeaderSource | None = None,
         state_path: Path | None = None,
         label: str | None = None,
         on_bytes: Callable[[int], None] | None = None,
@@ -429,6 +431,7 @@ class RangedDownloader:
         """Fetch ``url`` into ``path`` (resuming from ``state_path``), verify it, fsync it; see the module doc.
 
         ``url`` may be a callable (plain or async), called for every request (e.g. to renew a presigned URL).
+        ``headers`` may be a callable, called with each request's URL for headers to add (e.g. a signature).
         ``on_bytes`` is called with the size of every write. ``reservation`` is shrunk by what the preallocation
         takes.
         """
@@ -440,7 +443,7 @@ class RangedDownloader:
             url,
             Path(path),
             expected,
-            dict(headers or {}),
+            headers if callable(headers) else dict(headers or {}),
             Path(state_path) if state_path is not None else Path(f"{path}.parts.json"),
             label or Path(path).name,
             on_bytes or (lambda _n: None),
@@ -475,7 +478,7 @@ class _Job:
         url: UrlSource,
         path: Path,
         expected: Expected,
-        headers: dict[str, str],
+        headers: HeaderSource,
         state_path: Path,
         label: str,
         on_bytes: Callable[[int], None],
@@ -708,13 +711,13 @@ class _Job:
 
     async def _stream(self, span: _Span, buf: bytearray, *, whole: bool) -> None:
         """One GET for ``span``; advances ``span.pos`` past every byte written, even when it fails midway."""
-        headers = dict(self.headers)
+        self.requests += 1
+        url = await self._request_url()
+        headers = dict(self.headers(url) if callable(self.headers) else self.headers)
         if not whole:
             headers["Range"] = f"bytes={span.pos}-{span.end - 1}"
         if self.expected.validator:
             headers["If-Match"] = self.expected.validator
-        self.requests += 1
-        url = await self._request_url()
         async with self.dl.session.get(url, headers=headers, timeout=self._timeout()) as resp:
             self._check(resp, span, whole=whole)
             await self._copy_body(resp, span, buf)
