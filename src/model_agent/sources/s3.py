@@ -62,31 +62,18 @@ never moto (about 0.3 GB/s for one stream here, and CPU-bound in Python).
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import hashlib
-import os
 import re
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import aiohttp
-
-from model_agent.local.capacity import REGISTRY, CapacityRegistry, Reservation, allocated_bytes
+from model_agent.local.capacity import REGISTRY, CapacityRegistry, Reservation
 from model_agent.local.manifest import FileRecord
 from model_agent.model.uris import InvalidStorageUri, parse_s3_uri
 from model_agent.sources.base import FetchRequest, FetchResult, Progress, SourceError
-from model_agent.sources.ranged import (
-    Downloaded,
-    Expected,
-    RangedConfig,
-    RangedDownloader,
-    b64_to_hex,
-    file_checksums,
-    run_all,
-)
+from model_agent.sources.objects import PARTS_DIR, RemoteObject, download_each, fetch_listed, map_name
+from model_agent.sources.ranged import Downloaded, Expected, RangedConfig, RangedDownloader, b64_to_hex
 
 if TYPE_CHECKING:
     from types_boto3_s3.client import S3Client
@@ -100,7 +87,6 @@ SECRET_KEY_PAIRS = (
     ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN"),
     ("accessKeyId", "secretAccessKey", "sessionToken"),
 )
-PARTS_DIR = Path(".cache") / "model-agent" / "parts"
 DEFAULT_PRESIGN_EXPIRY_S = 3600
 PRESIGN_RENEW_S = 600.0
 _MD5_ETAG = re.compile(r"[0-9a-f]{32}")
@@ -135,14 +121,6 @@ class S3Settings:
 
     def label(self, key: str = "") -> str:
         return f"s3://{self.bucket}/{key or self.prefix}"
-
-
-@dataclass(frozen=True)
-class S3Object:
-    key: str
-    path: str  # relative to dest
-    size: int
-    etag: str  # as S3 sends it, quotes included
 
 
 def credentials_from_secret(data: Mapping[str, str] | None) -> S3Credentials | None:
@@ -191,6 +169,12 @@ def settings_for(request: FetchRequest) -> S3Settings:
         anonymous=anonymous,
         credentials=None if anonymous else credentials_from_secret(request.secret),
     )
+
+
+def md5_of_etag(etag: str) -> str | None:
+    """The MD5 an ETag may be: 32 hex digits of a single-part upload (SSE-KMS/SSE-C are not told by a listing)."""
+    raw = etag.strip('"').lower()
+    return raw if _MD5_ETAG.fullmatch(raw) else None
 
 
 def expected_from_head(head: HeadObjectOutputTypeDef | Mapping[str, Any]) -> Expected:
@@ -254,90 +238,6 @@ def _classify(exc: BaseException, label: str) -> SourceError:
     if isinstance(exc, bx.BotoCoreError):
         return SourceError("SourceError", f"{label}: {type(exc).__name__}: {str(exc)[:300]}")
     return SourceError("SourceError", f"{label}: {type(exc).__name__}: {str(exc)[:300]}")
-
-
-def _check_paths(settings: S3Settings, objects: list[S3Object]) -> None:
-    files = {o.path for o in objects}
-    folders: set[str] = set()
-    for o in objects:
-        parts = o.path.split("/")
-        if any(p in ("", ".", "..") for p in parts) or "\x00" in o.path:
-            raise SourceError(
-                "UnsafeFilePath",
-                f"{settings.label(o.key)}: the key is not a plain relative path below the prefix",
-                retryable=False,
-            )
-        if parts[0] == ".cache":
-            raise SourceError(
-                "UnsafeFilePath",
-                f"{settings.label(o.key)}: keys under .cache/ are reserved for the agent",
-                retryable=False,
-            )
-        folders.update("/".join(parts[:i]) for i in range(1, len(parts)))
-    clash = sorted(files & folders)
-    if clash:
-        raise SourceError(
-            "UnsafeFilePath",
-            f"{settings.label(settings.prefix + clash[0])} is both an object and a folder of other objects",
-            retryable=False,
-        )
-
-
-def _same_etag(a: str | None, b: str) -> bool:
-    """ETags compared without their quotes (some S3-compatible stores quote them in one API and not another)."""
-    return a is not None and a.strip('"') == b.strip('"')
-
-
-def _map_name(path: str) -> str:
-    return hashlib.sha256(path.encode()).hexdigest()[:32] + ".json"
-
-
-def _intact(path: Path, old: FileRecord) -> bool:
-    try:
-        st = path.lstat()
-    except OSError:
-        return False
-    return st.st_size == old.size and (not old.mtime_ns or st.st_mtime_ns == old.mtime_ns) and not os.path.islink(path)
-
-
-def _adopt(path: Path, obj: S3Object) -> FileRecord | None:
-    """A file already in dest without a record: keep it when its MD5 equals the object's single-part ETag."""
-    raw = obj.etag.strip('"').lower()
-    if not _MD5_ETAG.fullmatch(raw):
-        return None
-    try:
-        if path.is_symlink() or not path.is_file() or path.stat().st_size != obj.size:
-            return None
-    except OSError:
-        return None
-    sums = file_checksums(path, ("md5", "sha256"))
-    if sums["md5"] != raw:
-        return None
-    return FileRecord(obj.path, obj.size, sums["sha256"], None, path.stat().st_mtime_ns, obj.etag)
-
-
-def _clean_staging(staging: Path, wanted: set[str]) -> None:
-    """Remove from staging every file and part map that this fetch will not produce, and empty folders."""
-    if not staging.is_dir():
-        return
-    maps = {_map_name(p) for p in wanted}
-    parts_dir = staging / PARTS_DIR
-    for dirpath, dirnames, filenames in os.walk(staging, topdown=False):
-        here = Path(dirpath)
-        for name in filenames:
-            full = here / name
-            rel = full.relative_to(staging).as_posix()
-            keep = rel in wanted if here != parts_dir else name in maps
-            if not keep:
-                with contextlib.suppress(FileNotFoundError):
-                    full.unlink()
-        for name in dirnames:
-            sub = here / name
-            if sub.is_symlink():
-                sub.unlink()
-            else:
-                with contextlib.suppress(OSError):
-                    sub.rmdir()  # only when empty
 
 
 class _Presigner:
@@ -432,8 +332,8 @@ class S3Source:
         self._clients[cache_key] = client
         return client
 
-    def list_objects(self, client: S3Client, settings: S3Settings) -> list[S3Object]:
-        objects: list[S3Object] = []
+    def list_objects(self, client: S3Client, settings: S3Settings) -> list[RemoteObject]:
+        objects: list[RemoteObject] = []
         paginator = client.get_paginator("list_objects_v2")
         pages = paginator.paginate(
             Bucket=settings.bucket, Prefix=settings.prefix, PaginationConfig={"PageSize": self.page_size}
@@ -444,7 +344,8 @@ class S3Source:
                 rel = key[len(settings.prefix) :]
                 if (not rel or rel.endswith("/")) and size == 0:
                     continue  # a folder marker
-                objects.append(S3Object(key, rel, size, str(item.get("ETag", ""))))
+                etag = str(item.get("ETag", ""))
+                objects.append(RemoteObject(key, rel, size, etag, md5_of_etag(etag)))
         return objects
 
     # ------------------------------------------------------------------ fetch
@@ -460,102 +361,59 @@ class S3Source:
             raise _classify(exc, settings.label()) from exc
         if not objects:
             raise SourceError("NoObjects", f"no objects found under {settings.label()}")
-        _check_paths(settings, objects)
-        objects.sort(key=lambda o: o.path)
 
-        previous = {f.path: f for f in (request.previous.files if request.previous else [])}
-        same_dest = request.previous is not None and Path(request.previous.dest) == request.dest
-        records: dict[str, FileRecord] = {}
-        to_fetch: list[S3Object] = []
-        for obj in objects:
-            old = previous.get(obj.path) if same_dest else None
-            dest_file = request.dest / obj.path
-            if old is not None and _same_etag(old.etag, obj.etag) and old.size == obj.size and _intact(dest_file, old):
-                records[obj.path] = old
-                continue
-            if old is None:
-                adopted = await asyncio.to_thread(_adopt, dest_file, obj)
-                if adopted is not None:
-                    records[obj.path] = adopted
-                    continue
-            to_fetch.append(obj)
+        async def download_all(
+            objects: list[RemoteObject], progress: Progress, reservation: Reservation | None
+        ) -> dict[str, FileRecord]:
+            return await self._download_all(client, settings, objects, progress, request, reservation)
 
-        progress.phase = "downloading"
-        progress.total_files = len(objects)
-        progress.total_bytes = sum(o.size for o in objects)
-        progress.completed_files = len(records)
-        progress.completed_bytes = sum(r.size for r in records.values())
-        request.on_progress(progress)
-
-        staging = request.staging
-        await asyncio.to_thread(_clean_staging, staging, {o.path for o in to_fetch})
-        remaining = sum(max(0, o.size - allocated_bytes(staging / o.path)) for o in to_fetch)
-        reservation = self.capacity.reserve(staging, remaining, settings.label()) if to_fetch else None
-        try:
-            fetched = await self._download_all(client, settings, to_fetch, staging, progress, request, reservation)
-        finally:
-            if reservation is not None:
-                reservation.release()
-        records.update(fetched)
-        progress.phase = "finalizing"
-        request.on_progress(progress)
-        listing = hashlib.sha256("".join(f"{o.key}\0{o.etag}\0{o.size}\n" for o in objects).encode()).hexdigest()
-        return FetchResult(
-            revision=f"etags-{listing[:40]}",
-            files=[records[o.path] for o in objects],
-            staged=[o.path for o in to_fetch],
+        return await fetch_listed(
+            request,
+            objects,
+            label=settings.label,
+            capacity=self.capacity,
+            progress=progress,
+            download_all=download_all,
         )
 
     async def _download_all(
         self,
         client: S3Client,
         settings: S3Settings,
-        objects: list[S3Object],
-        staging: Path,
+        objects: list[RemoteObject],
         progress: Progress,
         request: FetchRequest,
         reservation: Reservation | None,
     ) -> dict[str, FileRecord]:
-        if not objects:
-            return {}
-        results: dict[str, FileRecord] = {}
         presigner = _Presigner(client, settings.bucket, self.presign_expiry_s, PRESIGN_RENEW_S)
-        gate = asyncio.Semaphore(self.max_parallel_files)
-        connector = aiohttp.TCPConnector(limit=self.ranged.concurrency * 2, ttl_dns_cache=300)
-        async with aiohttp.ClientSession(
-            connector=connector, auto_decompress=False, trust_env=True, skip_auto_headers=("Accept-Encoding",)
-        ) as session:
-            engine = RangedDownloader(session, self.ranged)
+        staging = request.staging
 
-            def on_bytes(n: int) -> None:
-                progress.completed_bytes += n
-                request.on_progress(progress)
+        async def one(engine: RangedDownloader, obj: RemoteObject, on_bytes: Callable[[int], None]) -> FileRecord:
+            label = settings.label(obj.key)
+            try:
+                head = await asyncio.to_thread(
+                    client.head_object, Bucket=settings.bucket, Key=obj.key, ChecksumMode="ENABLED"
+                )
+            except Exception as exc:
+                raise _classify(exc, label) from exc
+            expected = expected_from_head(head)
+            got: Downloaded = await engine.download(
+                presigner.for_key(obj.key),
+                staging / obj.path,
+                expected,
+                state_path=staging / PARTS_DIR / map_name(obj.path),
+                label=label,
+                on_bytes=on_bytes,
+                reservation=reservation,
+            )
+            progress.completed_bytes += got.resumed_bytes
+            return FileRecord(path=obj.path, size=expected.size, sha256=got.digests["sha256"], etag=expected.validator)
 
-            async def one(obj: S3Object) -> None:
-                async with gate:
-                    label = settings.label(obj.key)
-                    try:
-                        head = await asyncio.to_thread(
-                            client.head_object, Bucket=settings.bucket, Key=obj.key, ChecksumMode="ENABLED"
-                        )
-                    except Exception as exc:
-                        raise _classify(exc, label) from exc
-                    expected = expected_from_head(head)
-                    got: Downloaded = await engine.download(
-                        presigner.for_key(obj.key),
-                        staging / obj.path,
-                        expected,
-                        state_path=staging / PARTS_DIR / _map_name(obj.path),
-                        label=label,
-                        on_bytes=on_bytes,
-                        reservation=reservation,
-                    )
-                    progress.completed_bytes += got.resumed_bytes
-                    progress.completed_files += 1
-                    request.on_progress(progress)
-                    results[obj.path] = FileRecord(
-                        path=obj.path, size=expected.size, sha256=got.digests["sha256"], etag=expected.validator
-                    )
-
-            await run_all(one(o) for o in objects)
-        return results
+        return await download_each(
+            objects,
+            ranged=self.ranged,
+            max_parallel_files=self.max_parallel_files,
+            progress=progress,
+            request=request,
+            one=one,
+        )

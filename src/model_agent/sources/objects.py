@@ -1,0 +1,236 @@
+"""What every object-store source does once it has listed a prefix: plan, reuse, reserve, download, report.
+
+Role: the part of an object-store fetch that does not depend on the store. A source (``s3://``, ``oci://``)
+lists the objects under its prefix as :class:`RemoteObject` values and hands them to :func:`fetch_listed`
+with a function that downloads one object into staging; this module does the rest, the same way for all:
+
+* path safety (:func:`check_paths`): a name that would not be a plain relative path under ``dest`` (``..``,
+  ``.``, empty segments, NUL), a name under ``.cache/`` (the staging bookkeeping folder), and two names where
+  one is a file and the other a folder of the same name are refused (``UnsafeFilePath``, not retried);
+* reuse: a file of the previous manifest at the same path with the same size and ETag that is intact on
+  disk is kept without a request; a file in ``dest`` without a record (a kill between publish and manifest)
+  is adopted when its MD5 equals the MD5 the store reported for the object;
+* staging hygiene (:func:`clean_staging`): stray files and part maps that this fetch will not produce are
+  removed first, so they can never be published; partial files this fetch wants are kept and resumed;
+* disk: the bytes still to be written are reserved in the capacity registry before any transfer;
+* progress (``scanning`` → ``downloading`` → ``finalizing``) and the revision, a digest of the listing.
+
+:func:`download_each` runs the per-object downloads with one shared :class:`RangedDownloader` (and HTTP
+session), at most ``max_parallel_files`` objects at once, counting bytes into the progress.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import os
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+import aiohttp
+
+from model_agent.local.capacity import CapacityRegistry, Reservation, allocated_bytes
+from model_agent.local.manifest import FileRecord
+from model_agent.sources.base import FetchRequest, FetchResult, Progress, SourceError
+from model_agent.sources.ranged import RangedConfig, RangedDownloader, file_checksums, run_all
+
+PARTS_DIR = Path(".cache") / "model-agent" / "parts"
+
+
+@dataclass(frozen=True)
+class RemoteObject:
+    key: str  # the object's full name in the store
+    path: str  # relative to dest
+    size: int
+    etag: str  # as the store sends it (S3: quotes included)
+    md5: str | None = None  # lowercase hex MD5 of the whole object, when the listing tells it
+
+
+def map_name(path: str) -> str:
+    """The part-map file name (under :data:`PARTS_DIR`) of the staged file ``path``."""
+    return hashlib.sha256(path.encode()).hexdigest()[:32] + ".json"
+
+
+def same_etag(a: str | None, b: str) -> bool:
+    """ETags compared without their quotes (some S3-compatible stores quote them in one API and not another)."""
+    return a is not None and a.strip('"') == b.strip('"')
+
+
+def check_paths(objects: Iterable[RemoteObject], label: Callable[[str], str]) -> None:
+    """Refuse names that are not plain relative paths, names under ``.cache/``, and file/folder clashes.
+
+    ``label(key)`` names an object in messages (e.g. ``s3://bucket/key``).
+    """
+    items = list(objects)
+    files = {o.path for o in items}
+    folders: set[str] = set()
+    by_path = {o.path: o.key for o in items}
+    for o in items:
+        parts = o.path.split("/")
+        if any(p in ("", ".", "..") for p in parts) or "\x00" in o.path:
+            raise SourceError(
+                "UnsafeFilePath",
+                f"{label(o.key)}: the name is not a plain relative path below the prefix",
+                retryable=False,
+            )
+        if parts[0] == ".cache":
+            raise SourceError(
+                "UnsafeFilePath", f"{label(o.key)}: names under .cache/ are reserved for the agent", retryable=False
+            )
+        folders.update("/".join(parts[:i]) for i in range(1, len(parts)))
+    clash = sorted(files & folders)
+    if clash:
+        raise SourceError(
+            "UnsafeFilePath",
+            f"{label(by_path[clash[0]])} is both an object and a folder of other objects",
+            retryable=False,
+        )
+
+
+def intact(path: Path, old: FileRecord) -> bool:
+    """The file of a manifest record is still there, same size and mtime, and not a symlink."""
+    try:
+        st = path.lstat()
+    except OSError:
+        return False
+    return st.st_size == old.size and (not old.mtime_ns or st.st_mtime_ns == old.mtime_ns) and not os.path.islink(path)
+
+
+def adopt(path: Path, obj: RemoteObject) -> FileRecord | None:
+    """A file already in dest without a record: keep it when its MD5 equals the one the store reported."""
+    if obj.md5 is None:
+        return None
+    try:
+        if path.is_symlink() or not path.is_file() or path.stat().st_size != obj.size:
+            return None
+    except OSError:
+        return None
+    sums = file_checksums(path, ("md5", "sha256"))
+    if sums["md5"] != obj.md5:
+        return None
+    return FileRecord(obj.path, obj.size, sums["sha256"], None, path.stat().st_mtime_ns, obj.etag)
+
+
+def clean_staging(staging: Path, wanted: set[str]) -> None:
+    """Remove from staging every file and part map that this fetch will not produce, and empty folders."""
+    if not staging.is_dir():
+        return
+    maps = {map_name(p) for p in wanted}
+    parts_dir = staging / PARTS_DIR
+    for dirpath, dirnames, filenames in os.walk(staging, topdown=False):
+        here = Path(dirpath)
+        for name in filenames:
+            full = here / name
+            rel = full.relative_to(staging).as_posix()
+            keep = rel in wanted if here != parts_dir else name in maps
+            if not keep:
+                with contextlib.suppress(FileNotFoundError):
+                    full.unlink()
+        for name in dirnames:
+            sub = here / name
+            if sub.is_symlink():
+                sub.unlink()
+            else:
+                with contextlib.suppress(OSError):
+                    sub.rmdir()  # only when empty
+
+
+# Downloads ``objects`` into staging (reserving from the reservation) and returns their records by path.
+DownloadAll = Callable[[list[RemoteObject], Progress, Reservation | None], Awaitable[dict[str, FileRecord]]]
+
+
+async def fetch_listed(
+    request: FetchRequest,
+    objects: list[RemoteObject],
+    *,
+    label: Callable[[str], str],
+    capacity: CapacityRegistry,
+    progress: Progress,
+    download_all: DownloadAll,
+) -> FetchResult:
+    """Everything after the listing: checks, reuse and adoption, staging clean-up, reservation, downloads.
+
+    ``objects`` must not be empty (the caller words its own ``NoObjects`` error); ``label("")`` names the prefix.
+    """
+    check_paths(objects, label)
+    objects = sorted(objects, key=lambda o: o.path)
+    previous = {f.path: f for f in (request.previous.files if request.previous else [])}
+    same_dest = request.previous is not None and Path(request.previous.dest) == request.dest
+    records: dict[str, FileRecord] = {}
+    to_fetch: list[RemoteObject] = []
+    for obj in objects:
+        old = previous.get(obj.path) if same_dest else None
+        dest_file = request.dest / obj.path
+        if old is not None and same_etag(old.etag, obj.etag) and old.size == obj.size and intact(dest_file, old):
+            records[obj.path] = old
+            continue
+        if old is None:
+            adopted = await asyncio.to_thread(adopt, dest_file, obj)
+            if adopted is not None:
+                records[obj.path] = adopted
+                continue
+        to_fetch.append(obj)
+
+    progress.phase = "downloading"
+    progress.total_files = len(objects)
+    progress.total_bytes = sum(o.size for o in objects)
+    progress.completed_files = len(records)
+    progress.completed_bytes = sum(r.size for r in records.values())
+    request.on_progress(progress)
+
+    staging = request.staging
+    await asyncio.to_thread(clean_staging, staging, {o.path for o in to_fetch})
+    remaining = sum(max(0, o.size - allocated_bytes(staging / o.path)) for o in to_fetch)
+    reservation = capacity.reserve(staging, remaining, label("")) if to_fetch else None
+    try:
+        fetched = await download_all(to_fetch, progress, reservation) if to_fetch else {}
+    finally:
+        if reservation is not None:
+            reservation.release()
+    records.update(fetched)
+    progress.phase = "finalizing"
+    request.on_progress(progress)
+    listing = hashlib.sha256("".join(f"{o.key}\0{o.etag}\0{o.size}\n" for o in objects).encode()).hexdigest()
+    return FetchResult(
+        revision=f"etags-{listing[:40]}",
+        files=[records[o.path] for o in objects],
+        staged=[o.path for o in to_fetch],
+    )
+
+
+# Fetches one object with the shared engine; ``on_bytes`` counts written bytes into the progress.
+DownloadOne = Callable[[RangedDownloader, RemoteObject, Callable[[int], None]], Awaitable[FileRecord]]
+
+
+async def download_each(
+    objects: list[RemoteObject],
+    *,
+    ranged: RangedConfig,
+    max_parallel_files: int,
+    progress: Progress,
+    request: FetchRequest,
+    one: DownloadOne,
+) -> dict[str, FileRecord]:
+    """Run ``one`` for every object (at most ``max_parallel_files`` at once) over one HTTP session and engine."""
+    results: dict[str, FileRecord] = {}
+    gate = asyncio.Semaphore(max_parallel_files)
+    connector = aiohttp.TCPConnector(limit=ranged.concurrency * 2, ttl_dns_cache=300)
+    async with aiohttp.ClientSession(
+        connector=connector, auto_decompress=False, trust_env=True, skip_auto_headers=("Accept-Encoding",)
+    ) as session:
+        engine = RangedDownloader(session, ranged)
+
+        def on_bytes(n: int) -> None:
+            progress.completed_bytes += n
+            request.on_progress(progress)
+
+        async def each(obj: RemoteObject) -> None:
+            async with gate:
+                results[obj.path] = await one(engine, obj, on_bytes)
+                progress.completed_files += 1
+                request.on_progress(progress)
+
+        await run_all(each(o) for o in objects)
+    return results
