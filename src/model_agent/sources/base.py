@@ -59,6 +59,8 @@ class FetchRequest:
     on_progress: ProgressFn = lambda _p: None
     # The allowed root ``dest`` was confined to; when set, publish refuses a ``dest`` not strictly inside it.
     root: Path | None = None
+    # TensorRT-LLM serving models from OCI (spec 3.3): fetch only objects whose name contains "/{alias}/".
+    shape_alias: str | None = None
 
 
 @dataclass

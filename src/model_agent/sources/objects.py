@@ -13,6 +13,7 @@ with a function that downloads one object into staging; this module does the res
 * staging hygiene (:func:`clean_staging`): stray files and part maps that this fetch will not produce are
   removed first, so they can never be published; partial files this fetch wants are kept and resumed;
 * disk: the bytes still to be written are reserved in the capacity registry before any transfer;
+* the TensorRT-LLM shape filter (spec 3.3), when the request names a shape (set for OCI models only);
 * progress (``scanning`` → ``downloading`` → ``finalizing``) and the revision, a digest of the listing.
 
 :func:`download_each` runs the per-object downloads with one shared :class:`RangedDownloader` (and HTTP
@@ -46,6 +47,12 @@ class RemoteObject:
     size: int
     etag: str  # as the store sends it (S3: quotes included)
     md5: str | None = None  # lowercase hex MD5 of the whole object, when the listing tells it
+
+
+def shape_filtered(objects: list[RemoteObject], alias: str) -> list[RemoteObject]:
+    """The TensorRT-LLM shape filter (spec 3.3): the objects whose full name contains ``/{alias}/``."""
+    needle = f"/{alias}/"
+    return [o for o in objects if needle in o.key]
 
 
 def map_name(path: str) -> str:
@@ -153,7 +160,14 @@ async def fetch_listed(
     """Everything after the listing: checks, reuse and adoption, staging clean-up, reservation, downloads.
 
     ``objects`` must not be empty (the caller words its own ``NoObjects`` error); ``label("")`` names the prefix.
+    With ``request.shape_alias`` set, only the objects of that shape are kept (:func:`shape_filtered`).
     """
+    if request.shape_alias is not None:
+        objects = shape_filtered(objects, request.shape_alias)
+        if not objects:
+            raise SourceError(
+                "NoObjects", f"no suitable objects found for shape {request.shape_alias} under {label('')}"
+            )
     check_paths(objects, label)
     objects = sorted(objects, key=lambda o: o.path)
     previous = {f.path: f for f in (request.previous.files if request.previous else [])}
