@@ -131,6 +131,7 @@ class FakeOciObjectStorage:
         self.requests: list[RecordedRequest] = []
         self.read_delay_s = 0.0  # sleep before each chunk of a GetObject body (to test cancellation)
         self.read_chunk = 256 * 1024
+        self.in_flight = 0  # requests being answered now
         self._lock = threading.Lock()
         self._server: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
@@ -176,9 +177,14 @@ class FakeOciObjectStorage:
         self._server.server_close()
         self._thread.join(timeout=10)
 
+    def started(self) -> None:
+        with self._lock:
+            self.in_flight += 1
+
     def record(self, entry: RecordedRequest) -> None:
         with self._lock:
             self.requests.append(entry)
+            self.in_flight -= 1
 
     def operations(self, operation: str) -> list[RecordedRequest]:
         with self._lock:
@@ -193,15 +199,15 @@ class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     server_fake: FakeOciObjectStorage
 
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the base class's name
+    def log_message(self, format: str, *args: Any) -> None:
         pass
 
     # ------------------------------------------------------------------ dispatch
 
-    def do_GET(self) -> None:  # noqa: N802 - http.server's naming
+    def do_GET(self) -> None:
         self._handle("GET")
 
-    def do_HEAD(self) -> None:  # noqa: N802
+    def do_HEAD(self) -> None:
         self._handle("HEAD")
 
     def _handle(self, method: str) -> None:
@@ -218,6 +224,7 @@ class _Handler(BaseHTTPRequestHandler):
             operation = "HeadObject" if method == "HEAD" else "GetObject"
         self._status = 0
         self._sent = 0
+        fake.started()
         try:
             problem = self._authentication_problem(method)
             if problem is not None:
