@@ -22,7 +22,7 @@ AgentFactory = Callable[..., Awaitable[AgentProcess]]
 async def make_agent(
     kubeconfig: Path, kube: Kube, olah: OlahServer, tmp_path: Path, unique: str
 ) -> AsyncIterator[AgentFactory]:
-    """``await make_agent(labels=..., args=...)``: create a Node, start an agent for it, wait for /readyz."""
+    """``await make_agent(labels=..., args=..., env=...)``: create a Node, start an agent for it, wait for /readyz."""
     agents: list[AgentProcess] = []
 
     async def factory(
@@ -32,6 +32,7 @@ async def make_agent(
         args: tuple[str, ...] = (),
         models_root: Path | None = None,
         via: Path | None = None,
+        env: dict[str, str] | None = None,
     ) -> AgentProcess:
         name = node or f"node-{unique}-{len(agents)}"
         await kube.create_node(name, labels)
@@ -42,6 +43,7 @@ async def make_agent(
             log_path=tmp_path / f"agent-{name}.log",
             hf_endpoint=olah.endpoint,
             args=("--resync-interval", "30", "--delete-settle", "0.5", "--confirm-debounce", "0.2", *args),
+            env=env,
         )
         agents.append(agent)
         agent.start()

@@ -20,7 +20,7 @@ import contextlib
 import json
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -43,7 +43,7 @@ from model_agent.model.entry import DownloadProgress, ModelEntry, rfc3339
 from model_agent.model.keys import ModelState
 from model_agent.model.metadata import MetadataError, ParsedMetadata, parse_model_dir
 from model_agent.model.resources import InvalidModel, ModelObject, ModelRef, skip_config_parsing
-from model_agent.model.selection import node_selected
+from model_agent.model.selection import DEFAULT_INSTANCE_TYPE_MAP, instance_shape_alias, node_selected
 from model_agent.model.uris import (
     InvalidStorageUri,
     StorageType,
@@ -55,6 +55,7 @@ from model_agent.ops.events import NORMAL, WARNING, EventRecorder, ObjectRef
 from model_agent.ops.metrics import Metrics
 from model_agent.sources.base import FetchRequest, Progress, Source, SourceError, publish
 from model_agent.sources.hf import HuggingFaceSource
+from model_agent.sources.oci import uses_storage_secret
 
 log = structlog.get_logger(__name__)
 
@@ -112,6 +113,8 @@ class Context:
     origin_slots: Callable[[str, Callable[[], None]], Any] = lambda _source, _on_wait: contextlib.nullcontext()
     # Sources by storage type besides ``hf`` (which serves HUGGINGFACE); a type listed here is fetchable.
     sources: dict[StorageType, Source] = field(default_factory=dict)
+    # INSTANCE_TYPE_MAP (spec 3.1): node instance type -> shape alias, for the TensorRT-LLM filter.
+    instance_type_map: Mapping[str, str] = field(default_factory=lambda: DEFAULT_INSTANCE_TYPE_MAP)
 
 
 def _store_key(ref: ModelRef) -> str:
@@ -333,7 +336,7 @@ class Reconciler:
                     "spec.storage.parameters.token holds a plain-text token; use a Secret via spec.storage.key",
                 )
         secret = None
-        if target.storage_type != StorageType.HUGGINGFACE:
+        if self._reads_secret(target, obj):
             secret = await read_storage_secret(ctx.client, obj, ctx.namespace)
         staging = target.root.staging / token_for(ref.key)
         last_write = [0.0]
@@ -356,6 +359,7 @@ class Reconciler:
             parameters=dict(obj.spec.storage.parameters),
             on_progress=on_progress,
             root=target.root.path,
+            shape_alias=self._shape_filter(target, obj),
         )
 
         def queued() -> None:
@@ -366,7 +370,14 @@ class Reconciler:
 
         try:
             async with ctx.origin_slots(target.storage_uri, queued):
-                result = await ctx.sources.get(target.storage_type, ctx.hf).fetch(request)
+                try:
+                    result = await ctx.sources.get(target.storage_type, ctx.hf).fetch(request)
+                except SourceError as exc:
+                    if target.storage_type == StorageType.OCI and exc.reason == "VerificationFailed":
+                        ctx.metrics.verifications.labels(*labels, "failure").inc()
+                        if "md5" in exc.message.lower():
+                            ctx.metrics.md5_failed.labels(*labels).inc()
+                    raise
             if superseded is not None:
                 try:
                     await ctx.remover.replace_superseded(ref, superseded, target.id, from_fetch=True)
@@ -395,6 +406,9 @@ class Reconciler:
         ctx.metrics.download_duration.labels(*labels).observe(time.monotonic() - started)
         fetched = sum(f.size for f in files if f.path in set(result.staged))
         ctx.metrics.fetched_bytes.inc(fetched)
+        if target.storage_type == StorageType.OCI:  # OME's OCI-only metrics (spec 11.1): every listed byte counts
+            ctx.metrics.verifications.labels(*labels, "success").inc()
+            ctx.metrics.download_bytes.labels(*labels).inc(manifest.total_bytes)
         ctx.events.emit(
             ObjectRef.of(self.cached_object(ref) or {}),
             NORMAL,
@@ -402,6 +416,30 @@ class Reconciler:
             f"{len(files)} files ({manifest.total_bytes} bytes, {fetched} fetched) at revision "
             f"{result.revision[:12]} on node {ctx.node_name}",
         )
+
+    @staticmethod
+    def _reads_secret(target: Target, obj: ModelObject) -> bool:
+        """Whether the fetch needs the Secret of ``spec.storage.key`` (HF resolves its own token).
+
+        OCI uses node credentials, never a Secret (spec 10.1), except for its S3-compatible mode.
+        """
+        if target.storage_type == StorageType.HUGGINGFACE:
+            return False
+        if target.storage_type == StorageType.OCI:
+            return uses_storage_secret(obj.spec.storage.parameters)
+        return True
+
+    def _shape_filter(self, target: Target, obj: ModelObject) -> str | None:
+        """Spec 3.3: the node's shape alias for TensorRT-LLM serving models from OCI, else None.
+
+        Taken from the Node's current labels (OME computes it once at start-up).
+        """
+        if target.storage_type != StorageType.OCI:
+            return None
+        fmt = obj.spec.model_format.name if obj.spec.model_format is not None else None
+        if fmt != "tensorrtllm" or obj.spec.additional_metadata.get("type", "Serving") != "Serving":
+            return None
+        return instance_shape_alias(self.node_labels(), self.ctx.instance_type_map)
 
     async def _write_progress(self, ref: ModelRef, obj: ModelObject, p: Progress, started: float) -> None:
         try:

@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 import random
 import shutil
 import time
@@ -58,10 +59,12 @@ from model_agent.local.trash import Trash
 from model_agent.local.verify import mark_damaged, verify_manifest
 from model_agent.model.keys import MODEL_LABEL_DOMAIN, ModelKind, parse_configmap_key
 from model_agent.model.resources import ModelRef
+from model_agent.model.selection import INSTANCE_TYPE_MAP_ENV, parse_instance_type_map
 from model_agent.model.uris import StorageType
 from model_agent.ops.events import WARNING, EventRecorder, ObjectRef
 from model_agent.ops.metrics import Metrics
 from model_agent.sources.hf import HuggingFaceSource
+from model_agent.sources.oci import OciSource
 from model_agent.sources.s3 import S3Source
 
 log = structlog.get_logger(__name__)
@@ -156,6 +159,7 @@ class Agent:
                 ),
             )
         )
+        s3 = S3Source()
         self.reconciler = Reconciler(
             Context(
                 client=client,
@@ -176,7 +180,8 @@ class Agent:
                 models_store={kind: r.store for kind, r in self.models.items()},
                 requeue_after=self._requeue_after,
                 busy=lambda: self.queue.depth + self.queue.processing_count > 0,
-                sources={StorageType.S3: S3Source()},
+                sources={StorageType.S3: s3, StorageType.OCI: OciSource(s3=s3)},
+                instance_type_map=parse_instance_type_map(os.environ.get(INSTANCE_TYPE_MAP_ENV)),
                 origin_slots=self.origin.hold,
             )
         )
