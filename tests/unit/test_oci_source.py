@@ -327,6 +327,6 @@ async def test_cancelled_fetch_stops_and_resumes_from_its_parts(fake: FakeOciObj
     result = await src.fetch(request)
     second_run = sum(r.sent_bytes for r in fake.operations("GetObject"))
     assert second_run <= len(big) - 2 * MiB  # the parts recorded at cancellation were not fetched again
-    assert first_run + second_run < len(big) + 2 * MiB  # at most the parts in flight were fetched twice
+    assert first_run + second_run <= len(big) + 2 * MiB  # at most the 2 parts in flight were fetched twice
     publish(request, result)
     assert hashlib.sha256((request.dest / "big.bin").read_bytes()).digest() == hashlib.sha256(big).digest()

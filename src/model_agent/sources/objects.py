@@ -16,8 +16,9 @@ with a function that downloads one object into staging; this module does the res
 * the TensorRT-LLM shape filter (spec 3.3), when the request names a shape (set for OCI models only);
 * progress (``scanning`` → ``downloading`` → ``finalizing``) and the revision, a digest of the listing.
 
-:func:`download_each` runs the per-object downloads with one shared :class:`RangedDownloader` (and HTTP
-session), at most ``max_parallel_files`` objects at once, counting bytes into the progress.
+:func:`download_each` then runs the downloads with one shared :class:`RangedDownloader` (and HTTP session),
+at most ``max_parallel_files`` objects at once, counting bytes into the progress; the source only says, per
+object, what to expect and how to GET it (:class:`ObjectGet`: a presigned URL, or a URL and signed headers).
 """
 
 from __future__ import annotations
@@ -35,7 +36,15 @@ import aiohttp
 from model_agent.local.capacity import CapacityRegistry, Reservation, allocated_bytes
 from model_agent.local.manifest import FileRecord
 from model_agent.sources.base import FetchRequest, FetchResult, Progress, SourceError
-from model_agent.sources.ranged import RangedConfig, RangedDownloader, file_checksums, run_all
+from model_agent.sources.ranged import (
+    Expected,
+    HeaderSource,
+    RangedConfig,
+    RangedDownloader,
+    UrlSource,
+    file_checksums,
+    run_all,
+)
 
 PARTS_DIR = Path(".cache") / "model-agent" / "parts"
 
@@ -144,8 +153,26 @@ def clean_staging(staging: Path, wanted: set[str]) -> None:
                     sub.rmdir()  # only when empty
 
 
-# Downloads ``objects`` into staging (reserving from the reservation) and returns their records by path.
-DownloadAll = Callable[[list[RemoteObject], Progress, Reservation | None], Awaitable[dict[str, FileRecord]]]
+@dataclass(frozen=True)
+class ObjectGet:
+    """How to GET one object's bytes: what it must be, its URL (may be renewed per request), extra headers."""
+
+    expected: Expected
+    url: UrlSource
+    headers: HeaderSource | None = None
+
+
+# Called per object to be fetched (e.g. a HEAD for its size, checksums and ETag); raises SourceError.
+PrepareGet = Callable[[RemoteObject], Awaitable[ObjectGet]]
+
+
+@dataclass(frozen=True)
+class Transfer:
+    """The data path of one fetch: engine tuning, parallel files, and the per-object preparation."""
+
+    ranged: RangedConfig
+    max_parallel_files: int
+    prepare: PrepareGet
 
 
 async def fetch_listed(
@@ -155,12 +182,13 @@ async def fetch_listed(
     label: Callable[[str], str],
     capacity: CapacityRegistry,
     progress: Progress,
-    download_all: DownloadAll,
+    transfer: Transfer,
 ) -> FetchResult:
     """Everything after the listing: checks, reuse and adoption, staging clean-up, reservation, downloads.
 
-    ``objects`` must not be empty (the caller words its own ``NoObjects`` error); ``label("")`` names the prefix.
-    With ``request.shape_alias`` set, only the objects of that shape are kept (:func:`shape_filtered`).
+    ``objects`` must not be empty (the caller words its own ``NoObjects`` error); ``label(key)`` names an
+    object in messages and ``label("")`` the prefix. With ``request.shape_alias`` set, only the objects of
+    that shape are kept (:func:`shape_filtered`).
     """
     if request.shape_alias is not None:
         objects = shape_filtered(objects, request.shape_alias)
@@ -199,7 +227,7 @@ async def fetch_listed(
     remaining = sum(max(0, o.size - allocated_bytes(staging / o.path)) for o in to_fetch)
     reservation = capacity.reserve(staging, remaining, label("")) if to_fetch else None
     try:
-        fetched = await download_all(to_fetch, progress, reservation) if to_fetch else {}
+        fetched = await download_each(to_fetch, request, progress, reservation, label, transfer) if to_fetch else {}
     finally:
         if reservation is not None:
             reservation.release()
@@ -214,27 +242,23 @@ async def fetch_listed(
     )
 
 
-# Fetches one object with the shared engine; ``on_bytes`` counts written bytes into the progress.
-DownloadOne = Callable[[RangedDownloader, RemoteObject, Callable[[int], None]], Awaitable[FileRecord]]
-
-
 async def download_each(
     objects: list[RemoteObject],
-    *,
-    ranged: RangedConfig,
-    max_parallel_files: int,
-    progress: Progress,
     request: FetchRequest,
-    one: DownloadOne,
+    progress: Progress,
+    reservation: Reservation | None,
+    label: Callable[[str], str],
+    transfer: Transfer,
 ) -> dict[str, FileRecord]:
-    """Run ``one`` for every object (at most ``max_parallel_files`` at once) over one HTTP session and engine."""
+    """Fetch every object into staging (at most ``max_parallel_files`` at once) over one session and engine."""
     results: dict[str, FileRecord] = {}
-    gate = asyncio.Semaphore(max_parallel_files)
-    connector = aiohttp.TCPConnector(limit=ranged.concurrency * 2, ttl_dns_cache=300)
+    staging = request.staging
+    gate = asyncio.Semaphore(transfer.max_parallel_files)
+    connector = aiohttp.TCPConnector(limit=transfer.ranged.concurrency * 2, ttl_dns_cache=300)
     async with aiohttp.ClientSession(
         connector=connector, auto_decompress=False, trust_env=True, skip_auto_headers=("Accept-Encoding",)
     ) as session:
-        engine = RangedDownloader(session, ranged)
+        engine = RangedDownloader(session, transfer.ranged)
 
         def on_bytes(n: int) -> None:
             progress.completed_bytes += n
@@ -242,9 +266,23 @@ async def download_each(
 
         async def each(obj: RemoteObject) -> None:
             async with gate:
-                results[obj.path] = await one(engine, obj, on_bytes)
+                get = await transfer.prepare(obj)
+                got = await engine.download(
+                    get.url,
+                    staging / obj.path,
+                    get.expected,
+                    headers=get.headers,
+                    state_path=staging / PARTS_DIR / map_name(obj.path),
+                    label=label(obj.key),
+                    on_bytes=on_bytes,
+                    reservation=reservation,
+                )
+                progress.completed_bytes += got.resumed_bytes
                 progress.completed_files += 1
                 request.on_progress(progress)
+                results[obj.path] = FileRecord(
+                    path=obj.path, size=get.expected.size, sha256=got.digests["sha256"], etag=get.expected.validator
+                )
 
         await run_all(each(o) for o in objects)
     return results

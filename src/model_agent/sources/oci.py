@@ -71,12 +71,11 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
-from model_agent.local.capacity import REGISTRY, CapacityRegistry, Reservation
-from model_agent.local.manifest import FileRecord
+from model_agent.local.capacity import REGISTRY, CapacityRegistry
 from model_agent.model.uris import InvalidStorageUri, parse_oci_uri
 from model_agent.sources.base import FetchRequest, FetchResult, Progress, SourceError
-from model_agent.sources.objects import PARTS_DIR, RemoteObject, download_each, fetch_listed, map_name
-from model_agent.sources.ranged import Downloaded, Expected, RangedConfig, RangedDownloader, b64_to_hex
+from model_agent.sources.objects import ObjectGet, RemoteObject, Transfer, fetch_listed
+from model_agent.sources.ranged import Expected, RangedConfig, b64_to_hex
 from model_agent.sources.s3 import S3Source
 
 PARAM_AUTH = "auth"
@@ -457,53 +456,21 @@ class OciSource:
         if not objects:
             raise SourceError("NoObjects", f"no objects found under {settings.label()}")
 
-        async def download_all(
-            todo: list[RemoteObject], progress: Progress, reservation: Reservation | None
-        ) -> dict[str, FileRecord]:
-            return await self._download_all(client, settings, todo, progress, request, reservation)
-
-        return await fetch_listed(
-            request, objects, label=settings.label, capacity=self.capacity, progress=progress, download_all=download_all
-        )
-
-    async def _download_all(
-        self,
-        client: OciClient,
-        settings: OciSettings,
-        objects: list[RemoteObject],
-        progress: Progress,
-        request: FetchRequest,
-        reservation: Reservation | None,
-    ) -> dict[str, FileRecord]:
         signed = _SignedGets(client.signer)
-        staging = request.staging
 
-        async def one(engine: RangedDownloader, obj: RemoteObject, on_bytes: Callable[[int], None]) -> FileRecord:
-            label = settings.label(obj.key)
+        async def prepare(obj: RemoteObject) -> ObjectGet:
             try:
                 head = await asyncio.to_thread(client.sdk.head_object, settings.namespace, settings.bucket, obj.key)
             except Exception as exc:
-                raise _classify(exc, label) from exc
-            expected = expected_from_head(dict(head.headers))
+                raise _classify(exc, settings.label(obj.key)) from exc
             url = client.object_url(settings.namespace, settings.bucket, obj.key)
-            got: Downloaded = await engine.download(
-                signed.url_source(url),
-                staging / obj.path,
-                expected,
-                headers=signed.headers,
-                state_path=staging / PARTS_DIR / map_name(obj.path),
-                label=label,
-                on_bytes=on_bytes,
-                reservation=reservation,
-            )
-            progress.completed_bytes += got.resumed_bytes
-            return FileRecord(path=obj.path, size=expected.size, sha256=got.digests["sha256"], etag=expected.validator)
+            return ObjectGet(expected_from_head(dict(head.headers)), signed.url_source(url), signed.headers)
 
-        return await download_each(
+        return await fetch_listed(
+            request,
             objects,
-            ranged=self.ranged,
-            max_parallel_files=self.max_parallel_files,
+            label=settings.label,
+            capacity=self.capacity,
             progress=progress,
-            request=request,
-            one=one,
+            transfer=Transfer(self.ranged, self.max_parallel_files, prepare),
         )

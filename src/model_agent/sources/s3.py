@@ -68,12 +68,11 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from model_agent.local.capacity import REGISTRY, CapacityRegistry, Reservation
-from model_agent.local.manifest import FileRecord
+from model_agent.local.capacity import REGISTRY, CapacityRegistry
 from model_agent.model.uris import InvalidStorageUri, parse_s3_uri
 from model_agent.sources.base import FetchRequest, FetchResult, Progress, SourceError
-from model_agent.sources.objects import PARTS_DIR, RemoteObject, download_each, fetch_listed, map_name
-from model_agent.sources.ranged import Downloaded, Expected, RangedConfig, RangedDownloader, b64_to_hex
+from model_agent.sources.objects import ObjectGet, RemoteObject, Transfer, fetch_listed
+from model_agent.sources.ranged import Expected, RangedConfig, b64_to_hex
 
 if TYPE_CHECKING:
     from types_boto3_s3.client import S3Client
@@ -362,10 +361,16 @@ class S3Source:
         if not objects:
             raise SourceError("NoObjects", f"no objects found under {settings.label()}")
 
-        async def download_all(
-            objects: list[RemoteObject], progress: Progress, reservation: Reservation | None
-        ) -> dict[str, FileRecord]:
-            return await self._download_all(client, settings, objects, progress, request, reservation)
+        presigner = _Presigner(client, settings.bucket, self.presign_expiry_s, PRESIGN_RENEW_S)
+
+        async def prepare(obj: RemoteObject) -> ObjectGet:
+            try:
+                head = await asyncio.to_thread(
+                    client.head_object, Bucket=settings.bucket, Key=obj.key, ChecksumMode="ENABLED"
+                )
+            except Exception as exc:
+                raise _classify(exc, settings.label(obj.key)) from exc
+            return ObjectGet(expected_from_head(head), presigner.for_key(obj.key))
 
         return await fetch_listed(
             request,
@@ -373,47 +378,5 @@ class S3Source:
             label=settings.label,
             capacity=self.capacity,
             progress=progress,
-            download_all=download_all,
-        )
-
-    async def _download_all(
-        self,
-        client: S3Client,
-        settings: S3Settings,
-        objects: list[RemoteObject],
-        progress: Progress,
-        request: FetchRequest,
-        reservation: Reservation | None,
-    ) -> dict[str, FileRecord]:
-        presigner = _Presigner(client, settings.bucket, self.presign_expiry_s, PRESIGN_RENEW_S)
-        staging = request.staging
-
-        async def one(engine: RangedDownloader, obj: RemoteObject, on_bytes: Callable[[int], None]) -> FileRecord:
-            label = settings.label(obj.key)
-            try:
-                head = await asyncio.to_thread(
-                    client.head_object, Bucket=settings.bucket, Key=obj.key, ChecksumMode="ENABLED"
-                )
-            except Exception as exc:
-                raise _classify(exc, label) from exc
-            expected = expected_from_head(head)
-            got: Downloaded = await engine.download(
-                presigner.for_key(obj.key),
-                staging / obj.path,
-                expected,
-                state_path=staging / PARTS_DIR / map_name(obj.path),
-                label=label,
-                on_bytes=on_bytes,
-                reservation=reservation,
-            )
-            progress.completed_bytes += got.resumed_bytes
-            return FileRecord(path=obj.path, size=expected.size, sha256=got.digests["sha256"], etag=expected.validator)
-
-        return await download_each(
-            objects,
-            ranged=self.ranged,
-            max_parallel_files=self.max_parallel_files,
-            progress=progress,
-            request=request,
-            one=one,
+            transfer=Transfer(self.ranged, self.max_parallel_files, prepare),
         )
