@@ -57,6 +57,7 @@ class FakeObject:
     parts: int | None = None  # a multipart upload of this many parts: no Content-MD5
     metadata: dict[str, str] = field(default_factory=dict)  # opc-meta-*
     claimed_md5: str | None = None  # base64 MD5 reported instead of the real one (to test verification)
+    _md5: str | None = field(default=None, init=False, repr=False)
 
     @property
     def size(self) -> int:
@@ -74,8 +75,10 @@ class FakeObject:
     def md5_b64(self) -> str:
         if self.claimed_md5 is not None:
             return self.claimed_md5
-        digest = hashlib.md5(self.data if self.data is not None else self.read(0, self.size)).digest()
-        return base64.b64encode(digest).decode()
+        if self._md5 is None:  # computed once: objects do not change in place (put() replaces them)
+            digest = hashlib.md5(self.data if self.data is not None else self.read(0, self.size)).digest()
+            self._md5 = base64.b64encode(digest).decode()
+        return self._md5
 
     def listed_md5(self) -> str:
         return f"{self.md5_b64()}-{self.parts}" if self.parts else self.md5_b64()
@@ -130,7 +133,7 @@ class FakeOciObjectStorage:
         self.buckets: dict[str, dict[str, FakeObject]] = {}
         self.requests: list[RecordedRequest] = []
         self.read_delay_s = 0.0  # sleep before each chunk of a GetObject body (to test cancellation)
-        self.read_chunk = 256 * 1024
+        self.read_chunk = 1024 * 1024
         self.in_flight = 0  # requests being answered now
         self._lock = threading.Lock()
         self._server: ThreadingHTTPServer | None = None

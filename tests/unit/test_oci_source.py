@@ -301,7 +301,7 @@ async def test_unsafe_object_names_are_refused(fake: FakeOciObjectStorage, tmp_p
 async def test_cancelled_fetch_stops_and_resumes_from_its_parts(fake: FakeOciObjectStorage, tmp_path: Path) -> None:
     big = os.urandom(8 * MiB)
     fake.put("models", "m/big.bin", big)
-    fake.read_delay_s = 0.05  # 256 KiB chunks: about 5 MiB/s per stream
+    fake.read_chunk, fake.read_delay_s = 256 * 1024, 0.05  # about 5 MiB/s per stream
     request = oci_req(fake, tmp_path, f"oci://n/{NS}/b/models/o/m")
     seen: list[Progress] = []
     request.on_progress = lambda p: seen.append(Progress(**vars(p)))
