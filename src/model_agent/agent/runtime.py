@@ -176,7 +176,7 @@ class Agent:
                 models_store={kind: r.store for kind, r in self.models.items()},
                 requeue_after=self._requeue_after,
                 busy=lambda: self.queue.depth + self.queue.processing_count > 0,
-                sources={StorageType.S3: S3Source()},
+                sources={StorageType.S3: S3Source(ranged=settings.ranged_config())},
                 origin_slots=self.origin.hold,
             )
         )
