@@ -14,9 +14,9 @@ from model_agent.sources.s3 import (
     PARTS_DIR,
     S3Credentials,
     _clean_staging,
-    _map_name,
     credentials_from_secret,
     expected_from_head,
+    part_map_name,
     settings_for,
 )
 
@@ -103,11 +103,11 @@ def test_staging_keeps_only_what_this_fetch_produces(tmp_path: Path) -> None:
     (staging / PARTS_DIR).mkdir(parents=True)
     (staging / "shards" / "a.bin").write_bytes(b"partial")
     (staging / "old" / "gone.bin").write_bytes(b"stale")
-    (staging / PARTS_DIR / _map_name("shards/a.bin")).write_text("{}")
-    (staging / PARTS_DIR / _map_name("old/gone.bin")).write_text("{}")
+    (staging / PARTS_DIR / part_map_name("shards/a.bin")).write_text("{}")
+    (staging / PARTS_DIR / part_map_name("old/gone.bin")).write_text("{}")
     (staging / ".cache" / "huggingface").mkdir()
     (staging / ".cache" / "huggingface" / "x.lock").write_text("")
     _clean_staging(staging, {"shards/a.bin", "config.json"})
     left = sorted(p.relative_to(staging).as_posix() for p in staging.rglob("*") if p.is_file())
-    assert left == [f"{PARTS_DIR.as_posix()}/{_map_name('shards/a.bin')}", "shards/a.bin"]
+    assert left == [f"{PARTS_DIR.as_posix()}/{part_map_name('shards/a.bin')}", "shards/a.bin"]
     assert not (staging / "old").exists()

@@ -171,7 +171,10 @@ class Agent:
                 metrics=self.metrics,
                 remover=self.remover,
                 hf=HuggingFaceSource(
-                    settings.hf_endpoint, resolve_cache=self.resolve_cache, user_agent=f"model-agent/{node}"
+                    settings.hf_endpoint,
+                    resolve_cache=self.resolve_cache,
+                    user_agent=f"model-agent/{node}",
+                    ranged=settings.ranged_config(),
                 ),
                 models_store={kind: r.store for kind, r in self.models.items()},
                 requeue_after=self._requeue_after,

@@ -79,12 +79,15 @@ from model_agent.local.manifest import FileRecord
 from model_agent.model.uris import InvalidStorageUri, parse_s3_uri
 from model_agent.sources.base import FetchRequest, FetchResult, Progress, SourceError
 from model_agent.sources.ranged import (
+    PARTS_DIR,
     Downloaded,
     Expected,
     RangedConfig,
     RangedDownloader,
     b64_to_hex,
     file_checksums,
+    part_map_name,
+    part_map_path,
     run_all,
 )
 
@@ -100,7 +103,6 @@ SECRET_KEY_PAIRS = (
     ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN"),
     ("accessKeyId", "secretAccessKey", "sessionToken"),
 )
-PARTS_DIR = Path(".cache") / "model-agent" / "parts"
 DEFAULT_PRESIGN_EXPIRY_S = 3600
 PRESIGN_RENEW_S = 600.0
 _MD5_ETAG = re.compile(r"[0-9a-f]{32}")
@@ -288,10 +290,6 @@ def _same_etag(a: str | None, b: str) -> bool:
     return a is not None and a.strip('"') == b.strip('"')
 
 
-def _map_name(path: str) -> str:
-    return hashlib.sha256(path.encode()).hexdigest()[:32] + ".json"
-
-
 def _intact(path: Path, old: FileRecord) -> bool:
     try:
         st = path.lstat()
@@ -320,7 +318,7 @@ def _clean_staging(staging: Path, wanted: set[str]) -> None:
     """Remove from staging every file and part map that this fetch will not produce, and empty folders."""
     if not staging.is_dir():
         return
-    maps = {_map_name(p) for p in wanted}
+    maps = {part_map_name(p) for p in wanted}
     parts_dir = staging / PARTS_DIR
     for dirpath, dirnames, filenames in os.walk(staging, topdown=False):
         here = Path(dirpath)
@@ -545,7 +543,7 @@ class S3Source:
                         presigner.for_key(obj.key),
                         staging / obj.path,
                         expected,
-                        state_path=staging / PARTS_DIR / _map_name(obj.path),
+                        state_path=part_map_path(staging, obj.path),
                         label=label,
                         on_bytes=on_bytes,
                         reservation=reservation,
