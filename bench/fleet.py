@@ -234,7 +234,8 @@ async def origin(n: int, slots: int, work: Path) -> dict[str, Any]:
     """N agents want one Hugging Face model at once: concurrent fetchers and hub API calls, seen by the mirror."""
     from tests.support.models import tiny_llama
 
-    from model_agent.devenv.olah import OlahServer, create_model_repo, max_concurrent_clients
+    from model_agent.devenv.countingproxy import max_concurrent_clients
+    from model_agent.devenv.olah import OlahServer, create_model_repo
 
     mirrors = work / f"origin-{n}-{slots}-mirrors"
     repo = "acme/origin-bench"

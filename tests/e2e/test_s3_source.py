@@ -19,8 +19,7 @@ from model_agent.devenv.moto import MotoServer, create_bucket, upload_objects
 from model_agent.local.capacity import CapacityRegistry, DiskReserve, DiskUsage
 from model_agent.local.manifest import Manifest
 from model_agent.sources.base import FetchRequest, Progress, SourceError, publish
-from model_agent.sources.objects import PARTS_DIR, map_name
-from model_agent.sources.ranged import RangedConfig
+from model_agent.sources.ranged import PARTS_DIR, RangedConfig, part_map_name
 from model_agent.sources.s3 import S3Source
 
 pytestmark = pytest.mark.e2e
@@ -223,7 +222,7 @@ async def test_cancelled_fetch_resumes_from_completed_parts(s3: MotoServer, tmp_
     with pytest.raises(asyncio.CancelledError):
         await task
     first = sum("big.bin" in g for g in object_gets(s3, mark))
-    state = json.loads((req.staging / PARTS_DIR / map_name("shards/big.bin")).read_bytes())
+    state = json.loads((req.staging / PARTS_DIR / part_map_name("shards/big.bin")).read_bytes())
     recorded = sum(bin(b).count("1") for b in base64.b64decode(state["done"]))
     assert 1 <= recorded < 5 and first >= recorded
 

@@ -17,7 +17,6 @@ import pytest
 
 from model_agent.local.manifest import Manifest
 from model_agent.sources.base import FetchRequest, FetchResult, Progress, SourceError, publish
-from model_agent.sources.objects import PARTS_DIR
 from model_agent.sources.oci import (
     ENDPOINT_ENV,
     OciSource,
@@ -26,7 +25,7 @@ from model_agent.sources.oci import (
     settings_for,
     uses_storage_secret,
 )
-from model_agent.sources.ranged import RangedConfig
+from model_agent.sources.ranged import PARTS_DIR, RangedConfig
 from tests.support.fake_oci import FakeOciObjectStorage, UserPrincipal, write_user_principal
 from tests.support.waiting import eventually
 

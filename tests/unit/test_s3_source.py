@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from model_agent.sources.base import FetchRequest, SourceError
-from model_agent.sources.objects import PARTS_DIR, clean_staging, map_name
+from model_agent.sources.objects import clean_staging
+from model_agent.sources.ranged import PARTS_DIR, part_map_name
 from model_agent.sources.s3 import (
     S3Credentials,
     credentials_from_secret,
@@ -101,11 +102,11 @@ def test_staging_keeps_only_what_this_fetch_produces(tmp_path: Path) -> None:
     (staging / PARTS_DIR).mkdir(parents=True)
     (staging / "shards" / "a.bin").write_bytes(b"partial")
     (staging / "old" / "gone.bin").write_bytes(b"stale")
-    (staging / PARTS_DIR / map_name("shards/a.bin")).write_text("{}")
-    (staging / PARTS_DIR / map_name("old/gone.bin")).write_text("{}")
+    (staging / PARTS_DIR / part_map_name("shards/a.bin")).write_text("{}")
+    (staging / PARTS_DIR / part_map_name("old/gone.bin")).write_text("{}")
     (staging / ".cache" / "huggingface").mkdir()
     (staging / ".cache" / "huggingface" / "x.lock").write_text("")
     clean_staging(staging, {"shards/a.bin", "config.json"})
     left = sorted(p.relative_to(staging).as_posix() for p in staging.rglob("*") if p.is_file())
-    assert left == [f"{PARTS_DIR.as_posix()}/{map_name('shards/a.bin')}", "shards/a.bin"]
+    assert left == [f"{PARTS_DIR.as_posix()}/{part_map_name('shards/a.bin')}", "shards/a.bin"]
     assert not (staging / "old").exists()

@@ -159,7 +159,7 @@ class Agent:
                 ),
             )
         )
-        s3 = S3Source()
+        s3 = S3Source(ranged=settings.ranged_config())
         self.reconciler = Reconciler(
             Context(
                 client=client,
@@ -175,12 +175,15 @@ class Agent:
                 metrics=self.metrics,
                 remover=self.remover,
                 hf=HuggingFaceSource(
-                    settings.hf_endpoint, resolve_cache=self.resolve_cache, user_agent=f"model-agent/{node}"
+                    settings.hf_endpoint,
+                    resolve_cache=self.resolve_cache,
+                    user_agent=f"model-agent/{node}",
+                    ranged=settings.ranged_config(),
                 ),
                 models_store={kind: r.store for kind, r in self.models.items()},
                 requeue_after=self._requeue_after,
                 busy=lambda: self.queue.depth + self.queue.processing_count > 0,
-                sources={StorageType.S3: s3, StorageType.OCI: OciSource(s3=s3)},
+                sources={StorageType.S3: s3, StorageType.OCI: OciSource(ranged=settings.ranged_config(), s3=s3)},
                 instance_type_map=parse_instance_type_map(os.environ.get(INSTANCE_TYPE_MAP_ENV)),
                 origin_slots=self.origin.hold,
             )

@@ -7,10 +7,14 @@ is required (downward API ``spec.nodeName``).
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from model_agent.local.capacity import parse_size
+from model_agent.sources.ranged import RangedConfig
 
 
 class Settings(BaseSettings):
@@ -26,7 +30,8 @@ class Settings(BaseSettings):
     node_label_retry: int = 5
     concurrency: int = 4
     disk_reserve: str = "10%"  # free space kept beyond every download: a share of the filesystem or a size
-    multipart_concurrency: int = 4
+    multipart_concurrency: int = 0  # ranged parts in flight per node across large files (0: the engine's default)
+    multipart_part_size: str = ""  # bytes per ranged part, e.g. "16Mi" ("": the engine's default)
     log_level: str = Field(default="info", validation_alias="LOG_LEVEL")
     kubeconfig: Path | None = None
     hf_endpoint: str | None = Field(default=None, validation_alias="HF_ENDPOINT")
@@ -62,6 +67,29 @@ class Settings(BaseSettings):
         if not value:
             raise ValueError("NODE_NAME must be set (the Kubernetes node this agent runs on)")
         return value
+
+    @field_validator("multipart_part_size")
+    @classmethod
+    def _part_size(cls, value: str) -> str:
+        if value and parse_size(value) < 1:
+            raise ValueError("must be at least one byte")
+        return value
+
+    @field_validator("multipart_concurrency")
+    @classmethod
+    def _not_negative(cls, value: int) -> int:
+        if value < 0:
+            raise ValueError("must be 0 (the default) or more")
+        return value
+
+    def ranged_config(self) -> RangedConfig:
+        """The ranged download engine's tuning: its measured defaults unless a flag says otherwise."""
+        engine = RangedConfig()
+        return dataclasses.replace(
+            engine,
+            concurrency=self.multipart_concurrency or engine.concurrency,
+            part_size=parse_size(self.multipart_part_size) if self.multipart_part_size else engine.part_size,
+        )
 
     @field_validator("num_download_worker", "workers", "node_label_retry", "download_retry")
     @classmethod

@@ -43,7 +43,12 @@ def run(
     download_retry: Annotated[int | None, Opt(help="Whole-model attempts for object storage (default 3).")] = None,
     node_label_retry: Annotated[int | None, Opt(help="Attempts per node-label write (default 5).")] = None,
     concurrency: Annotated[int | None, Opt(help="Files fetched in parallel within one model (default 4).")] = None,
-    multipart_concurrency: Annotated[int | None, Opt(help="Ranged parts in flight per large file (default 4).")] = None,
+    multipart_concurrency: Annotated[
+        int | None, Opt(help="Ranged parts in flight, shared by the node's large files (default: engine's, 8).")
+    ] = None,
+    multipart_part_size: Annotated[
+        str | None, Opt(help="Bytes per ranged part, e.g. '16Mi' (default: the engine's, 16Mi).")
+    ] = None,
     log_level: Annotated[str | None, Opt(help="debug, info, warning or error (env LOG_LEVEL).")] = None,
     disk_reserve: Annotated[
         str | None, Opt(help="Free space kept beyond downloads: '10%' (default) or a size.")
@@ -86,6 +91,7 @@ def run(
         "node_label_retry": node_label_retry,
         "concurrency": concurrency,
         "multipart_concurrency": multipart_concurrency,
+        "multipart_part_size": multipart_part_size,
         "kubeconfig": kubeconfig,
         "disk_reserve": disk_reserve,
         "confirm_timeout_s": confirm_timeout,

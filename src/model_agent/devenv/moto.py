@@ -205,7 +205,10 @@ class MotoServer(ManagedService):
         return records
 
     # -- clients and data
-    def client(self, region: str = DEFAULT_REGION) -> S3Client:
+    def client(self, region: str = DEFAULT_REGION, *, read_timeout: float = 60.0) -> S3Client:
+        """A boto3 client with moto's dummy credentials. Completing a multipart upload of gigabytes makes moto
+        copy them in Python: give such clients a longer ``read_timeout`` (a retry after a timeout fails, since
+        the first attempt completed the upload meanwhile)."""
         import boto3
         from botocore.config import Config
 
@@ -215,7 +218,7 @@ class MotoServer(ManagedService):
             region_name=region,
             aws_access_key_id=DUMMY_KEY_ID,
             aws_secret_access_key=DUMMY_SECRET,
-            config=Config(signature_version="s3v4", s3={"addressing_style": "path"}),
+            config=Config(signature_version="s3v4", s3={"addressing_style": "path"}, read_timeout=read_timeout),
         )
         return client
 

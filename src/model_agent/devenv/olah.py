@@ -47,10 +47,6 @@ stopped with SIGTERM, then SIGKILL after a deadline.
 
 from __future__ import annotations
 
-import asyncio
-import concurrent.futures
-import contextlib
-import dataclasses
 import fnmatch
 import hashlib
 import json
@@ -60,15 +56,13 @@ import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path, PurePosixPath
 
-import aiohttp
 from aiohttp import web
-from yarl import URL
 
+from model_agent.devenv.countingproxy import CountingProxy, ServedRequest
 from model_agent.devenv.service import ManagedService, wait_until_answering
 
 OLAH_VERSION = "0.5.4"
@@ -83,20 +77,6 @@ GIT_TIMEOUT_S = 120.0
 _LFS_SPEC = "https://git-lfs.github.com/spec/v1"
 _LFS_ATTRS = "filter=lfs diff=lfs merge=lfs -text"
 _REPO_PART = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
-_HOP_BY_HOP = frozenset(
-    {
-        "connection",
-        "keep-alive",
-        "proxy-authenticate",
-        "proxy-authorization",
-        "te",
-        "trailer",
-        "trailers",
-        "transfer-encoding",
-        "upgrade",
-        "content-length",
-    }
-)
 _COMMITTER = {
     "GIT_AUTHOR_NAME": "model-agent devenv",
     "GIT_AUTHOR_EMAIL": "devenv@model-agent.invalid",
@@ -297,173 +277,18 @@ def add_commit(root: Path, repo_id: str, files: Mapping[str, bytes | None], *, m
 # ----------------------------------------------------------------------------------------------- proxy
 
 
-@dataclasses.dataclass
-class ServedRequest:
-    """One request the mirror answered, as the client made it."""
+def _default_revision_shim(mirrors_root: Path) -> Callable[[web.Request], str]:
+    """Forward ``GET /api/models/<org>/<name>`` for a local mirror to its ``/revision/main`` (see the module doc)."""
 
-    method: str
-    path: str
-    status: int = 0
-    bytes_sent: int = 0
-    # Timing and identity, not part of equality (tests compare what was served).
-    client: str = dataclasses.field(default="", compare=False)  # the User-Agent (the agent puts its node there)
-    started: float = dataclasses.field(default=0.0, compare=False)  # monotonic seconds
-    ended: float = dataclasses.field(default=0.0, compare=False)
-
-
-def max_concurrent_clients(records: list[ServedRequest], path_contains: str) -> int:
-    """The most distinct clients (User-Agents) that had a request in flight for matching paths at once."""
-    events: list[tuple[float, int, str]] = []
-    for r in records:
-        if path_contains in r.path and r.ended:
-            events.append((r.started, 1, r.client))
-            events.append((r.ended, -1, r.client))
-    events.sort(key=lambda e: (e[0], e[1]))  # ends before starts at the same instant
-    active: dict[str, int] = {}
-    best = 0
-    for _, delta, client in events:
-        active[client] = active.get(client, 0) + delta
-        if active[client] == 0:
-            del active[client]
-        best = max(best, len(active))
-    return best
-
-
-class _CountingProxy:
-    """An aiohttp reverse proxy, in its own thread and event loop, that records every request."""
-
-    def __init__(self, mirrors_root: Path, *, default_revision_shim: bool) -> None:
-        self.upstream = ""  # olah's base URL, set before it is started
-        self._mirrors_root = mirrors_root
-        self._shim = default_revision_shim
-        self._lock = threading.Lock()
-        self._records: list[ServedRequest] = []
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._thread: threading.Thread | None = None
-        self._runner: web.AppRunner | None = None
-        self._session: aiohttp.ClientSession | None = None
-        self.port = 0
-
-    # -- stats
-    def records(self) -> list[ServedRequest]:
-        with self._lock:
-            return [dataclasses.replace(r) for r in self._records]
-
-    def reset(self) -> None:
-        with self._lock:
-            self._records.clear()
-
-    # -- lifecycle
-    def start(self) -> int:
-        ready: concurrent.futures.Future[int] = concurrent.futures.Future()
-        self._thread = threading.Thread(target=self._run, args=(ready,), name="olah-proxy", daemon=True)
-        self._thread.start()
-        self.port = ready.result(timeout=START_TIMEOUT_S)
-        return self.port
-
-    def stop(self) -> None:
-        loop, thread = self._loop, self._thread
-        if loop is not None and thread is not None and thread.is_alive():
-            loop.call_soon_threadsafe(loop.stop)
-            thread.join(STOP_TIMEOUT_S)
-        self._loop = self._thread = None
-        self.port = 0
-
-    def _run(self, ready: concurrent.futures.Future[int]) -> None:
-        loop = asyncio.new_event_loop()
-        self._loop = loop
-        try:
-            try:
-                port = loop.run_until_complete(self._setup())
-            except BaseException as exc:
-                ready.set_exception(exc)
-                return
-            ready.set_result(port)
-            loop.run_forever()
-        finally:
-            with contextlib.suppress(Exception):
-                loop.run_until_complete(self._cleanup())
-            loop.close()
-
-    async def _setup(self) -> int:
-        self._session = aiohttp.ClientSession(
-            auto_decompress=False,
-            skip_auto_headers=("Accept-Encoding", "User-Agent"),
-            timeout=aiohttp.ClientTimeout(total=None, sock_connect=10, sock_read=300),
-        )
-        app = web.Application(client_max_size=1024**3)
-        app.router.add_route("*", "/{tail:.*}", self._handle)
-        self._runner = web.AppRunner(app, access_log=None, handle_signals=False)
-        await self._runner.setup()
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        await web.SockSite(self._runner, sock).start()
-        return port
-
-    async def _cleanup(self) -> None:
-        if self._runner is not None:
-            await self._runner.cleanup()
-        if self._session is not None:
-            await self._session.close()
-
-    def _upstream_path(self, request: web.Request) -> str:
+    def rewrite(request: web.Request) -> str:
         raw = request.raw_path
-        if self._shim and request.method in ("GET", "HEAD"):
+        if request.method in ("GET", "HEAD"):
             m = re.fullmatch(r"/api/models/([^/?]+)/([^/?]+)(\?.*)?", raw)
-            if m and (self._mirrors_root / "models" / m[1] / m[2]).is_dir():
+            if m and (mirrors_root / "models" / m[1] / m[2]).is_dir():
                 return f"/api/models/{m[1]}/{m[2]}/revision/main{m[3] or ''}"
         return raw
 
-    async def _handle(self, request: web.Request) -> web.StreamResponse:
-        record = ServedRequest(
-            method=request.method,
-            path=request.raw_path,
-            client=request.headers.get("User-Agent", ""),
-            started=time.monotonic(),
-        )
-        with self._lock:
-            self._records.append(record)
-        assert self._session is not None
-        headers = {k: v for k, v in request.headers.items() if k.lower() not in _HOP_BY_HOP}
-        body = await request.read()
-        url = URL(self.upstream + self._upstream_path(request), encoded=True)
-        try:
-            async with self._session.request(
-                request.method, url, headers=headers, data=body or None, allow_redirects=False
-            ) as upstream:
-                response = web.StreamResponse(status=upstream.status, reason=upstream.reason)
-                for name, value in upstream.headers.items():
-                    if name.lower() == "location" and value.startswith(self.upstream):
-                        # Host is forwarded, so olah's redirects name the proxy already; this is a backstop.
-                        value = f"{request.scheme}://{request.host}{value[len(self.upstream) :]}"
-                    if name.lower() not in _HOP_BY_HOP:
-                        response.headers.add(name, value)
-                if upstream.content_length is not None:
-                    response.content_length = upstream.content_length
-                with self._lock:
-                    record.status = upstream.status
-                await response.prepare(request)
-                try:
-                    if request.method != "HEAD":
-                        async for chunk in upstream.content.iter_chunked(256 * 1024):
-                            with self._lock:
-                                record.bytes_sent += len(chunk)
-                            await response.write(chunk)
-                    await response.write_eof()
-                except ConnectionResetError:  # the client went away; bytes_sent keeps what was offered
-                    pass
-                finally:
-                    with self._lock:
-                        record.ended = time.monotonic()
-                return response
-        except aiohttp.ClientError as exc:
-            if record.status:  # failed mid-body: the client must see a broken transfer, not a 502
-                raise
-            with self._lock:
-                record.status = 502
-            return web.Response(status=502, text=f"olah unreachable: {exc}\n")
+    return rewrite
 
 
 # ----------------------------------------------------------------------------------------------- server
@@ -505,7 +330,7 @@ class OlahServer(ManagedService):
         self.startup_seconds: float | None = None
         self._shim = default_revision_shim
         self._proc: subprocess.Popen[bytes] | None = None
-        self._proxy: _CountingProxy | None = None
+        self._proxy: CountingProxy | None = None
         self._olah_port = 0
 
     # -- addresses and files
@@ -598,7 +423,7 @@ class OlahServer(ManagedService):
         cli = ensure_olah(self.venv_dir)
         self.state_dir.mkdir(parents=True, exist_ok=True)
         self.mirrors_root.mkdir(parents=True, exist_ok=True)
-        self._proxy = _CountingProxy(self.mirrors_root, default_revision_shim=self._shim)
+        self._proxy = CountingProxy(rewrite=_default_revision_shim(self.mirrors_root) if self._shim else None)
         try:
             self._proxy.start()
             for _ in range(3):  # the free port we picked can be taken before olah binds it

@@ -58,6 +58,16 @@ _UNITS = {
 _SIZE = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([A-Za-z]*)\s*")
 
 
+def parse_size(text: str) -> int:
+    """Bytes of ``"50GiB"``, ``"16Mi"``, ``"20G"``, ``"1073741824"``: decimal units (``k``, ``M``, ``G``, ``T``,
+    with or without ``B``) are powers of 1000, binary ones (``Ki``, ``Mi``, ``Gi``, ``Ti``) powers of 1024."""
+    m = _SIZE.fullmatch(text)
+    unit = _UNITS.get(m.group(2).lower()) if m else None
+    if m is None or unit is None:
+        raise ValueError(f"invalid size {text!r}: expected e.g. '16MiB', '50G' or a number of bytes")
+    return int(float(m.group(1)) * unit)
+
+
 @dataclass(frozen=True)
 class DiskReserve:
     """Space to leave free on a filesystem: ``fraction`` of its size, or ``absolute`` bytes when set."""
@@ -86,11 +96,11 @@ class DiskReserve:
             if not 0 <= pct < 100:
                 raise ValueError(f"invalid disk reserve {text!r}: a percentage must be in [0, 100)")
             return cls(fraction=pct / 100)
-        m = _SIZE.fullmatch(raw)
-        unit = _UNITS.get(m.group(2).lower()) if m else None
-        if m is None or unit is None:
-            raise ValueError(f"invalid disk reserve {text!r}: expected a percentage ('10%') or a size ('50GiB')")
-        return cls(absolute=int(float(m.group(1)) * unit))
+        try:
+            return cls(absolute=parse_size(raw))
+        except ValueError:
+            expected = "expected a percentage ('10%') or a size ('50GiB')"
+            raise ValueError(f"invalid disk reserve {text!r}: {expected}") from None
 
     def __str__(self) -> str:
         return f"{self.absolute} bytes" if self.absolute is not None else f"{self.fraction * 100:g}%"

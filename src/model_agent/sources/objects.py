@@ -37,16 +37,17 @@ from model_agent.local.capacity import CapacityRegistry, Reservation, allocated_
 from model_agent.local.manifest import FileRecord
 from model_agent.sources.base import FetchRequest, FetchResult, Progress, SourceError
 from model_agent.sources.ranged import (
+    PARTS_DIR,
     Expected,
     HeaderSource,
     RangedConfig,
     RangedDownloader,
     UrlSource,
     file_checksums,
+    part_map_name,
+    part_map_path,
     run_all,
 )
-
-PARTS_DIR = Path(".cache") / "model-agent" / "parts"
 
 
 @dataclass(frozen=True)
@@ -62,11 +63,6 @@ def shape_filtered(objects: list[RemoteObject], alias: str) -> list[RemoteObject
     """The TensorRT-LLM shape filter (spec 3.3): the objects whose full name contains ``/{alias}/``."""
     needle = f"/{alias}/"
     return [o for o in objects if needle in o.key]
-
-
-def map_name(path: str) -> str:
-    """The part-map file name (under :data:`PARTS_DIR`) of the staged file ``path``."""
-    return hashlib.sha256(path.encode()).hexdigest()[:32] + ".json"
 
 
 def same_etag(a: str | None, b: str) -> bool:
@@ -133,7 +129,7 @@ def clean_staging(staging: Path, wanted: set[str]) -> None:
     """Remove from staging every file and part map that this fetch will not produce, and empty folders."""
     if not staging.is_dir():
         return
-    maps = {map_name(p) for p in wanted}
+    maps = {part_map_name(p) for p in wanted}
     parts_dir = staging / PARTS_DIR
     for dirpath, dirnames, filenames in os.walk(staging, topdown=False):
         here = Path(dirpath)
@@ -272,7 +268,7 @@ async def download_each(
                     staging / obj.path,
                     get.expected,
                     headers=get.headers,
-                    state_path=staging / PARTS_DIR / map_name(obj.path),
+                    state_path=part_map_path(staging, obj.path),
                     label=label(obj.key),
                     on_bytes=on_bytes,
                     reservation=reservation,

@@ -86,6 +86,9 @@ HASH_BLOCK = 2 * MiB
 STATE_VERSION = 1
 SUPPORTED_CHECKSUMS = frozenset({"md5", "sha1", "sha256", "crc32"})
 
+# Where sources keep part maps in a model's staging folder (removed with it when the model is published).
+PARTS_DIR = Path(".cache") / "model-agent" / "parts"
+
 UrlSource = str | Callable[[], str] | Callable[[], Awaitable[str]]
 # Extra request headers: fixed, or computed per request from its URL (request signing, e.g. OCI's).
 HeaderSource = Mapping[str, str] | Callable[[str], Mapping[str, str]]
@@ -173,6 +176,15 @@ def file_checksums(path: Path, algorithms: Iterable[str], block: int = HASH_BLOC
             for h in hashers.values():
                 h.update(data)
     return {alg: h.hexdigest() for alg, h in hashers.items()}
+
+
+def part_map_path(staging: Path, rel: str) -> Path:
+    """The part map of staged file ``rel``: named by a hash, so any file name fits and none can escape."""
+    return staging / PARTS_DIR / part_map_name(rel)
+
+
+def part_map_name(rel: str) -> str:
+    return hashlib.sha256(rel.encode()).hexdigest()[:32] + ".json"
 
 
 def b64_to_hex(value: str) -> str | None:
@@ -385,15 +397,24 @@ class _Span:
     end: int  # exclusive
 
 
-async def run_all(coros: Iterable[Any]) -> None:
+async def run_all(coros: Iterable[Awaitable[Any]]) -> None:
     """Run the coroutines; on the first exception cancel the others, wait for them, and re-raise it."""
+    await gather_or_cancel(coros)
+
+
+async def gather_or_cancel(coros: Iterable[Awaitable[_T]]) -> list[_T]:
+    """Their results in order; on the first exception the others are cancelled and awaited, then it is raised
+    (unlike ``asyncio.gather``, which leaves the others running)."""
     tasks = [asyncio.ensure_future(c) for c in coros]
+    if not tasks:
+        return []
     try:
         done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
         for task in tasks:
             error = task.exception() if task in done and not task.cancelled() else None
             if error is not None:
                 raise error
+        return [task.result() for task in tasks]
     finally:
         for task in tasks:
             task.cancel()

@@ -1,0 +1,228 @@
+"""A counting HTTP reverse proxy for the local test servers (olah, moto): what did the clients really fetch?
+
+Role: the measuring instrument in front of an origin. Tests and benchmarks point clients at
+:attr:`CountingProxy.endpoint` instead of the origin and then read, per request, the method, path, status,
+body bytes sent, the client's User-Agent and when it started and ended. That is how "bytes fetched again
+after a kill", "at most two nodes fetching at once" and "three Hub API calls" are measured *at the server*,
+not taken from the client's word.
+
+Contract:
+
+* The proxy runs aiohttp in its own thread and event loop, so it keeps serving while the caller blocks.
+  ``start`` returns the port; ``stop`` stops the loop. Requests are forwarded with their headers (minus
+  hop-by-hop ones) and body; responses are streamed back without decompression.
+* A request is recorded before it is forwarded and its body bytes are added before they are written to the
+  client, so the counters are complete as soon as a client call returns. A client that goes away mid-body
+  leaves ``bytes_sent`` at what was offered to it.
+* ``rewrite`` may map a request to another upstream path (olah needs one route shimmed); records keep the
+  path the client asked for.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import dataclasses
+import socket
+import threading
+import time
+from collections.abc import Callable
+
+import aiohttp
+from aiohttp import web
+from yarl import URL
+
+START_TIMEOUT_S = 60.0
+STOP_TIMEOUT_S = 10.0
+_CHUNK = 256 * 1024
+_HOP_BY_HOP = frozenset(
+    {
+        "connection",
+        "keep-alive",
+        "proxy-authenticate",
+        "proxy-authorization",
+        "te",
+        "trailer",
+        "trailers",
+        "transfer-encoding",
+        "upgrade",
+        "content-length",
+    }
+)
+
+
+@dataclasses.dataclass
+class ServedRequest:
+    """One request the origin answered through the proxy, as the client made it."""
+
+    method: str
+    path: str
+    status: int = 0
+    bytes_sent: int = 0
+    # Timing and identity, not part of equality (tests compare what was served).
+    client: str = dataclasses.field(default="", compare=False)  # the User-Agent (the agent puts its node there)
+    started: float = dataclasses.field(default=0.0, compare=False)  # monotonic seconds
+    ended: float = dataclasses.field(default=0.0, compare=False)
+
+
+def max_concurrent_clients(records: list[ServedRequest], path_contains: str) -> int:
+    """The most distinct clients (User-Agents) that had a request in flight for matching paths at once."""
+    events: list[tuple[float, int, str]] = []
+    for r in records:
+        if path_contains in r.path and r.ended:
+            events.append((r.started, 1, r.client))
+            events.append((r.ended, -1, r.client))
+    events.sort(key=lambda e: (e[0], e[1]))  # ends before starts at the same instant
+    active: dict[str, int] = {}
+    best = 0
+    for _, delta, client in events:
+        active[client] = active.get(client, 0) + delta
+        if active[client] == 0:
+            del active[client]
+        best = max(best, len(active))
+    return best
+
+
+class CountingProxy:
+    """A reverse proxy to ``upstream`` (``http://host:port``) that records every request; see the module doc."""
+
+    def __init__(self, upstream: str = "", *, rewrite: Callable[[web.Request], str] | None = None) -> None:
+        self.upstream = upstream  # may be set after construction, before the first request
+        self._rewrite = rewrite
+        self._lock = threading.Lock()
+        self._records: list[ServedRequest] = []
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._runner: web.AppRunner | None = None
+        self._session: aiohttp.ClientSession | None = None
+        self.port = 0
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    # -- stats
+    def records(self) -> list[ServedRequest]:
+        with self._lock:
+            return [dataclasses.replace(r) for r in self._records]
+
+    def reset(self) -> None:
+        with self._lock:
+            self._records.clear()
+
+    def bytes_sent(self, path_contains: str = "") -> int:
+        with self._lock:
+            return sum(r.bytes_sent for r in self._records if path_contains in r.path)
+
+    # -- lifecycle
+    def start(self) -> int:
+        ready: concurrent.futures.Future[int] = concurrent.futures.Future()
+        self._thread = threading.Thread(target=self._run, args=(ready,), name="counting-proxy", daemon=True)
+        self._thread.start()
+        self.port = ready.result(timeout=START_TIMEOUT_S)
+        return self.port
+
+    def stop(self) -> None:
+        loop, thread = self._loop, self._thread
+        if loop is not None and thread is not None and thread.is_alive():
+            loop.call_soon_threadsafe(loop.stop)
+            thread.join(STOP_TIMEOUT_S)
+        self._loop = self._thread = None
+        self.port = 0
+
+    def __enter__(self) -> CountingProxy:
+        self.start()
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.stop()
+
+    def _run(self, ready: concurrent.futures.Future[int]) -> None:
+        loop = asyncio.new_event_loop()
+        self._loop = loop
+        try:
+            try:
+                port = loop.run_until_complete(self._setup())
+            except BaseException as exc:
+                ready.set_exception(exc)
+                return
+            ready.set_result(port)
+            loop.run_forever()
+        finally:
+            with contextlib.suppress(Exception):
+                loop.run_until_complete(self._cleanup())
+            loop.close()
+
+    async def _setup(self) -> int:
+        self._session = aiohttp.ClientSession(
+            auto_decompress=False,
+            skip_auto_headers=("Accept-Encoding", "User-Agent"),
+            timeout=aiohttp.ClientTimeout(total=None, sock_connect=10, sock_read=300),
+        )
+        app = web.Application(client_max_size=1024**3)
+        app.router.add_route("*", "/{tail:.*}", self._handle)
+        self._runner = web.AppRunner(app, access_log=None, handle_signals=False)
+        await self._runner.setup()
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        await web.SockSite(self._runner, sock).start()
+        return port
+
+    async def _cleanup(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+        if self._session is not None:
+            await self._session.close()
+
+    async def _handle(self, request: web.Request) -> web.StreamResponse:
+        record = ServedRequest(
+            method=request.method,
+            path=request.raw_path,
+            client=request.headers.get("User-Agent", ""),
+            started=time.monotonic(),
+        )
+        with self._lock:
+            self._records.append(record)
+        assert self._session is not None
+        headers = {k: v for k, v in request.headers.items() if k.lower() not in _HOP_BY_HOP}
+        body = await request.read()
+        path = self._rewrite(request) if self._rewrite is not None else request.raw_path
+        url = URL(self.upstream + path, encoded=True)
+        try:
+            async with self._session.request(
+                request.method, url, headers=headers, data=body or None, allow_redirects=False
+            ) as upstream:
+                response = web.StreamResponse(status=upstream.status, reason=upstream.reason)
+                for name, value in upstream.headers.items():
+                    if name.lower() == "location" and value.startswith(self.upstream):
+                        # Host is forwarded, so redirects usually name the proxy already; this is a backstop.
+                        value = f"{request.scheme}://{request.host}{value[len(self.upstream) :]}"
+                    if name.lower() not in _HOP_BY_HOP:
+                        response.headers.add(name, value)
+                if upstream.content_length is not None:
+                    response.content_length = upstream.content_length
+                with self._lock:
+                    record.status = upstream.status
+                await response.prepare(request)
+                try:
+                    if request.method != "HEAD":
+                        async for chunk in upstream.content.iter_chunked(_CHUNK):
+                            with self._lock:
+                                record.bytes_sent += len(chunk)
+                            await response.write(chunk)
+                    await response.write_eof()
+                except ConnectionResetError:  # the client went away; bytes_sent keeps what was offered
+                    pass
+                finally:
+                    with self._lock:
+                        record.ended = time.monotonic()
+                return response
+        except aiohttp.ClientError as exc:
+            if record.status:  # failed mid-body: the client must see a broken transfer, not a 502
+                raise
+            with self._lock:
+                record.status = 502
+            return web.Response(status=502, text=f"origin unreachable: {exc}\n")

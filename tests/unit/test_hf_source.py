@@ -1,0 +1,172 @@
+"""The ``hf://`` source's data paths against a fake hub and a fake CDN on loopback.
+
+Fakes, named as such: the real Hugging Face Hub cannot run here, and the real mirror the e2e tests use (olah)
+answers ``Range`` with the whole file and never redirects, so it cannot show what matters here - that weights
+move as parallel ranged GETs from where the hub redirects to, and that the token is never sent there.
+``FakeHub`` serves the three routes huggingface_hub uses (revision, tree, resolve); ``FakeCdn`` serves blobs
+by sha256 with ``Range``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+from aiohttp import web
+
+from model_agent.sources.base import FetchRequest, SourceError
+from model_agent.sources.hf import HuggingFaceSource
+from model_agent.sources.ranged import RangedConfig
+
+KiB = 1024
+COMMIT = "c0ffee" * 6 + "abcd"
+REPO = "acme/tiny"
+TOKEN = "hf_secret_token"
+
+
+def git_sha1(data: bytes) -> str:
+    return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
+
+
+@dataclass
+class Seen:
+    method: str
+    path: str
+    range: str | None
+    authorization: str | None
+
+
+@dataclass
+class Fakes:
+    hub_url: str
+    cdn_url: str
+    hub: list[Seen] = field(default_factory=list)
+    cdn: list[Seen] = field(default_factory=list)
+    flip: bool = False  # the CDN flips one byte of every blob it serves
+
+
+async def _serve(app: web.Application) -> tuple[web.AppRunner, str]:
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    return runner, f"http://127.0.0.1:{runner.addresses[0][1]}"
+
+
+@pytest.fixture
+async def fakes() -> AsyncIterator[tuple[Fakes, dict[str, bytes]]]:
+    files = {
+        "config.json": json.dumps({"architectures": ["LlamaForCausalLM"]}).encode(),
+        "model.safetensors": bytes(range(256)) * (4 * KiB),  # 1 MiB: LFS, fetched in ranges
+        "shards/part-2.safetensors": b"\x01\x02" * (100 * KiB),
+    }
+    lfs = {p for p in files if p.endswith(".safetensors")}
+    blobs = {hashlib.sha256(files[p]).hexdigest(): files[p] for p in lfs}
+    state = Fakes("", "")
+
+    def seen(request: web.Request) -> Seen:
+        return Seen(request.method, request.path, request.headers.get("Range"), request.headers.get("Authorization"))
+
+    async def revision(request: web.Request) -> web.Response:
+        state.hub.append(seen(request))
+        return web.json_response({"id": REPO, "modelId": REPO, "sha": COMMIT, "siblings": []})
+
+    async def tree(request: web.Request) -> web.Response:
+        state.hub.append(seen(request))
+        entries = []
+        for path, data in files.items():
+            entry: dict[str, object] = {"type": "file", "path": path, "size": len(data), "oid": git_sha1(data)}
+            if path in lfs:
+                entry["lfs"] = {"oid": hashlib.sha256(data).hexdigest(), "size": len(data), "pointerSize": 134}
+            entries.append(entry)
+        return web.json_response(entries)
+
+    async def resolve(request: web.Request) -> web.StreamResponse:
+        state.hub.append(seen(request))
+        path = request.match_info["path"]
+        data = files[path]
+        headers = {"X-Repo-Commit": COMMIT}
+        if path in lfs:
+            sha = hashlib.sha256(data).hexdigest()
+            headers |= {"X-Linked-Etag": f'"{sha}"', "X-Linked-Size": str(len(data))}
+            raise web.HTTPFound(f"{state.cdn_url}/blobs/{sha}?signed=yes", headers=headers)
+        headers |= {"ETag": f'"{git_sha1(data)}"', "Content-Length": str(len(data))}
+        if request.method == "HEAD":
+            return web.Response(headers=headers)
+        return web.Response(body=data, headers=headers)
+
+    async def blob(request: web.Request) -> web.StreamResponse:
+        state.cdn.append(seen(request))
+        data = blobs[request.match_info["sha"]]
+        if state.flip:
+            data = data[:100] + bytes([data[100] ^ 0xFF]) + data[101:]
+        rng = request.headers.get("Range")
+        if rng is None:
+            return web.Response(body=data)
+        first, last = (int(x) for x in rng.removeprefix("bytes=").split("-"))
+        return web.Response(
+            status=206,
+            body=data[first : last + 1],
+            headers={"Content-Range": f"bytes {first}-{last}/{len(data)}"},
+        )
+
+    hub = web.Application()
+    hub.router.add_get(f"/api/models/{REPO}/revision/{{rev}}", revision)
+    hub.router.add_get(f"/api/models/{REPO}/tree/{{tail:.*}}", tree)
+    hub.router.add_route("*", f"/{REPO}/resolve/{COMMIT}/{{path:.*}}", resolve)
+    cdn = web.Application()
+    cdn.router.add_get("/blobs/{sha}", blob)
+    hub_runner, state.hub_url = await _serve(hub)
+    cdn_runner, state.cdn_url = await _serve(cdn)
+    try:
+        yield state, files
+    finally:
+        await hub_runner.cleanup()
+        await cdn_runner.cleanup()
+
+
+def request_for(tmp_path: Path) -> FetchRequest:
+    return FetchRequest(
+        storage_uri=f"hf://{REPO}", dest=tmp_path / "dest", staging=tmp_path / "staging", previous=None, token=TOKEN
+    )
+
+
+def source(f: Fakes) -> HuggingFaceSource:
+    return HuggingFaceSource(f.hub_url, ranged=RangedConfig(part_size=128 * KiB, concurrency=4))
+
+
+async def test_weights_come_in_ranges_from_the_redirect_target_without_the_token(
+    fakes: tuple[Fakes, dict[str, bytes]], tmp_path: Path
+) -> None:
+    f, files = fakes
+    req = request_for(tmp_path)
+    result = await source(f).fetch(req)
+
+    assert result.revision == COMMIT
+    assert {r.path for r in result.files} == set(files)
+    for path, data in files.items():
+        assert (req.staging / path).read_bytes() == data, path
+    by_path = {r.path: r for r in result.files}
+    assert by_path["model.safetensors"].sha256 == hashlib.sha256(files["model.safetensors"]).hexdigest()
+
+    big = hashlib.sha256(files["model.safetensors"]).hexdigest()
+    ranges = [s.range for s in f.cdn if s.path == f"/blobs/{big}"]
+    assert len(ranges) == 8 and all(r is not None for r in ranges), ranges  # 1 MiB in 128 KiB parts
+    assert all(s.authorization is None for s in f.cdn), "the hub token leaked to the CDN"
+    assert all(s.authorization == f"Bearer {TOKEN}" for s in f.hub)
+
+
+async def test_a_flipped_byte_from_the_cdn_is_caught_and_nothing_is_kept(
+    fakes: tuple[Fakes, dict[str, bytes]], tmp_path: Path
+) -> None:
+    f, _ = fakes
+    f.flip = True
+    req = request_for(tmp_path)
+    with pytest.raises(SourceError) as err:
+        await source(f).fetch(req)
+    assert err.value.reason == "VerificationFailed"
+    assert not (req.staging / "model.safetensors").exists()
