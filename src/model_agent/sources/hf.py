@@ -37,7 +37,6 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urljoin, urlsplit
 
-import aiohttp
 from huggingface_hub import HfApi, get_hf_file_metadata, hf_hub_download, hf_hub_url
 from huggingface_hub import constants as hf_constants
 from huggingface_hub import errors as hf_errors
@@ -50,7 +49,7 @@ from model_agent.sources.base import FetchRequest, FetchResult, Progress, Resolv
 from model_agent.sources.ranged import (
     Expected,
     RangedConfig,
-    RangedDownloader,
+    engine_session,
     gather_or_cancel,
     part_map_path,
     run_all,
@@ -266,11 +265,7 @@ class HuggingFaceSource:
             return with_token if urlsplit(url).netloc == endpoint_host else headers
 
         gate = asyncio.Semaphore(MAX_PARALLEL_FILES)
-        connector = aiohttp.TCPConnector(limit=self.ranged.concurrency * 2, ttl_dns_cache=300)
-        async with aiohttp.ClientSession(
-            connector=connector, auto_decompress=False, trust_env=True, skip_auto_headers=("Accept-Encoding",)
-        ) as session:
-            engine = RangedDownloader(session, self.ranged)
+        async with engine_session(self.ranged) as engine:
 
             def on_bytes(n: int) -> None:
                 progress.completed_bytes += n

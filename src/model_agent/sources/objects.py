@@ -31,8 +31,6 @@ from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-import aiohttp
-
 from model_agent.local.capacity import CapacityRegistry, Reservation, allocated_bytes
 from model_agent.local.manifest import FileRecord
 from model_agent.sources.base import FetchRequest, FetchResult, Progress, SourceError
@@ -41,8 +39,8 @@ from model_agent.sources.ranged import (
     Expected,
     HeaderSource,
     RangedConfig,
-    RangedDownloader,
     UrlSource,
+    engine_session,
     file_checksums,
     part_map_name,
     part_map_path,
@@ -250,11 +248,7 @@ async def download_each(
     results: dict[str, FileRecord] = {}
     staging = request.staging
     gate = asyncio.Semaphore(transfer.max_parallel_files)
-    connector = aiohttp.TCPConnector(limit=transfer.ranged.concurrency * 2, ttl_dns_cache=300)
-    async with aiohttp.ClientSession(
-        connector=connector, auto_decompress=False, trust_env=True, skip_auto_headers=("Accept-Encoding",)
-    ) as session:
-        engine = RangedDownloader(session, transfer.ranged)
+    async with engine_session(transfer.ranged) as engine:
 
         def on_bytes(n: int) -> None:
             progress.completed_bytes += n

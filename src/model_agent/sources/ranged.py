@@ -397,6 +397,20 @@ class _Span:
     end: int  # exclusive
 
 
+@contextlib.asynccontextmanager
+async def engine_session(config: RangedConfig) -> AsyncIterator[RangedDownloader]:
+    """A :class:`RangedDownloader` over a fresh HTTP session sized for it, closed on exit.
+
+    Bodies are taken as stored (no decompression, no ``Accept-Encoding``): the bytes written are the bytes
+    hashed. Proxies come from the environment (``HTTPS_PROXY``, ``NO_PROXY``).
+    """
+    connector = aiohttp.TCPConnector(limit=config.concurrency * 2, ttl_dns_cache=300)
+    async with aiohttp.ClientSession(
+        connector=connector, auto_decompress=False, trust_env=True, skip_auto_headers=("Accept-Encoding",)
+    ) as session:
+        yield RangedDownloader(session, config)
+
+
 async def run_all(coros: Iterable[Awaitable[Any]]) -> None:
     """Run the coroutines; on the first exception cancel the others, wait for them, and re-raise it."""
     await gather_or_cancel(coros)
