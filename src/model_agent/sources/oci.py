@@ -65,7 +65,7 @@ import asyncio
 import os
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -319,7 +319,7 @@ class _SignedGets:
             return cached[0]
         return None
 
-    def url_source(self, url: str) -> Callable[[], Any]:
+    def url_source(self, url: str) -> Callable[[], Awaitable[str]]:
         async def current() -> str:
             if self._fresh(url) is None:
                 await asyncio.to_thread(self.sign, url)
