@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from model_agent.agent.confirm import Confirmation, Outcome, confirm_absence
+from model_agent.agent.confirm import Confirmation, Confirmer, Outcome, confirm_absence
 from model_agent.kube.client import ApiError, ApiUnavailable
 from model_agent.model.resources import ModelKind, ModelRef
 from tests.support.fake_kube import FakeKubeClient, not_found, status_error, type_not_found
@@ -217,3 +217,94 @@ async def test_cancelling_during_the_read_propagates_promptly(ref: ModelRef) -> 
     assert task.cancelled()
     assert time.monotonic() - started < 1.0
     assert not reached_end
+
+
+# ------------------------------------------------------------------------------- coalesced (Confirmer)
+
+LIST_PATH = "/apis/ome.io/v1beta1/clusterbasemodels"
+
+
+def cbm_ref(i: int) -> ModelRef:
+    return ModelRef(ModelKind.CLUSTER_BASE_MODEL, "", f"m{i}")
+
+
+def listing(*refs: ModelRef) -> dict[str, Any]:
+    return {"metadata": {"resourceVersion": "9"}, "items": [live_object(r) for r in refs]}
+
+
+def confirmer(client: FakeKubeClient, threshold: int = 3) -> Confirmer:
+    return Confirmer(client, batch_threshold=threshold, debounce_s=0.0, jitter_s=0.0)  # type: ignore[arg-type]
+
+
+async def test_one_list_decides_a_storm_carried_by_few_workers() -> None:
+    """Candidates confirmed in waves (as a few workers carry them) after one burst of events share one LIST."""
+    refs = [cbm_ref(i) for i in range(12)]
+    client = FakeKubeClient()
+    client.always("GET", LIST_PATH, listing(*refs))
+    c = confirmer(client)
+    for r in refs:
+        c.heard(r.key)  # the burst: every object rumoured deleted
+    for wave in (refs[0:4], refs[4:8], refs[8:12]):  # four workers at a time
+        outcomes = await asyncio.wait_for(asyncio.gather(*(c.confirm(r, UID) for r in wave)), DEADLINE_S)
+        assert {o.outcome for o in outcomes} == {Outcome.ALIVE_SAME_UID}
+    assert len(client.calls_to("GET", LIST_PATH)) == 1
+    assert [call.path for call in client.calls if call.path != LIST_PATH] == []
+
+
+async def test_an_event_after_the_list_started_needs_a_new_read() -> None:
+    refs = [cbm_ref(i) for i in range(5)]
+    client = FakeKubeClient()
+    client.script("GET", LIST_PATH, listing(*refs), listing(*refs[1:]))
+    client.script("GET", "/apis/ome.io/v1beta1/clusterbasemodels/m0", not_found("m0", "clusterbasemodels"))
+    c = confirmer(client)
+    for r in refs:
+        c.heard(r.key)
+    await asyncio.wait_for(asyncio.gather(*(c.confirm(r, UID) for r in refs)), DEADLINE_S)
+    c.heard(refs[0].key)  # a newer rumour (m0 really deleted now): the LIST above cannot speak for it
+    outcome = await asyncio.wait_for(c.confirm(refs[0], UID), DEADLINE_S)
+    assert outcome.outcome == Outcome.CONFIRMED_GONE
+    assert len(client.calls_to("GET", LIST_PATH)) == 2  # a new LIST (storm window), then the object's own GET
+
+
+async def test_a_candidate_nobody_heard_of_is_never_decided_by_an_earlier_list() -> None:
+    refs = [cbm_ref(i) for i in range(5)]
+    client = FakeKubeClient()
+    client.always("GET", LIST_PATH, listing(*refs))
+    c = confirmer(client)
+    for r in refs:
+        c.heard(r.key)
+    await asyncio.wait_for(asyncio.gather(*(c.confirm(r, UID) for r in refs)), DEADLINE_S)
+    stranger = cbm_ref(99)  # e.g. a record on disk found by a drift pass, no event about it
+    client.script("GET", "/apis/ome.io/v1beta1/clusterbasemodels/m99", live_object(stranger))
+    outcome = await asyncio.wait_for(c.confirm(stranger, UID), DEADLINE_S)
+    assert outcome.outcome == Outcome.ALIVE_SAME_UID
+    assert len(client.calls_to("GET", "/apis/ome.io/v1beta1/clusterbasemodels/m99")) == 1
+
+
+async def test_absence_in_a_reused_list_is_still_proven_by_the_objects_own_read() -> None:
+    refs = [cbm_ref(i) for i in range(6)]
+    client = FakeKubeClient()
+    client.always("GET", LIST_PATH, listing(*refs[:5]))  # m5 missing from the LIST (dropped or deleted)
+    client.always("GET", "/apis/ome.io/v1beta1/clusterbasemodels/m5", live_object(refs[5]))
+    c = confirmer(client)
+    for r in refs:
+        c.heard(r.key)
+    await asyncio.wait_for(asyncio.gather(*(c.confirm(r, UID) for r in refs[:4])), DEADLINE_S)
+    outcome = await asyncio.wait_for(c.confirm(refs[5], UID), DEADLINE_S)  # decided from the reused LIST
+    assert outcome.outcome == Outcome.ALIVE_SAME_UID  # the GET found it: nothing is removed
+    assert len(client.calls_to("GET", LIST_PATH)) == 1
+
+
+async def test_a_failed_list_confirms_nothing_and_is_not_reused() -> None:
+    refs = [cbm_ref(i) for i in range(5)]
+    client = FakeKubeClient()
+    client.script("GET", LIST_PATH, ApiUnavailable("connection refused"))
+    client.always("GET", LIST_PATH, listing(*refs))
+    c = confirmer(client)
+    for r in refs:
+        c.heard(r.key)
+    first = await asyncio.wait_for(asyncio.gather(*(c.confirm(r, UID) for r in refs[:4])), DEADLINE_S)
+    assert {o.outcome for o in first} == {Outcome.READ_FAILED}
+    again = await asyncio.wait_for(asyncio.gather(*(c.confirm(r, UID) for r in refs)), DEADLINE_S)
+    assert {o.outcome for o in again} == {Outcome.ALIVE_SAME_UID}
+    assert len(client.calls_to("GET", LIST_PATH)) == 2

@@ -117,6 +117,13 @@ class Confirmer:
     CRD change, a namespace deletion, injected deletes) with one paginated consistent LIST (no
     resourceVersion) for the whole kind, read with the same decision table. A LIST that fails confirms
     nothing: every waiter gets ``read_failed_requeued``. ``batch_threshold=None`` disables coalescing.
+
+    One LIST serves a whole storm, however few reconcile workers carry its candidates: a LIST that *started
+    after* the agent last heard of an object (:meth:`heard`, called for every watch event and relist change)
+    is at least as fresh as the rumour, so it decides that object's candidate too, without another read (a
+    LIST in flight is joined). Only presence is taken from it; absence is still re-proven by a GET. A
+    candidate the agent heard nothing about (a drift pass) is never decided by an earlier LIST. LIST
+    results are kept for ``list_reuse_s`` at most.
     """
 
     def __init__(
@@ -128,8 +135,12 @@ class Confirmer:
         debounce_s: float = 1.5,
         jitter_s: float = 1.0,
         on_read: Any = None,
+        list_reuse_s: float = 60.0,
     ) -> None:
         self._client = client
+        self._list_reuse_s = list_reuse_s
+        self._heard: dict[str, float] = {}  # model key -> loop time of the last event about it
+        self._lists: dict[str, tuple[float, asyncio.Future[dict[tuple[str, str], dict[str, Any]]]]] = {}
         self._deadline_s = deadline_s
         self._threshold = batch_threshold
         self._debounce_s = debounce_s
@@ -140,13 +151,27 @@ class Confirmer:
         self._flushers: set[asyncio.Task[None]] = set()
         self._on_read = on_read  # callable(method: "get" | "list") for metrics
 
+    def heard(self, key: str) -> None:
+        """The agent just heard something about model ``key`` (an event): older LISTs cannot decide it."""
+        self._heard[key] = asyncio.get_running_loop().time()
+
     async def confirm(self, ref: ModelRef, recorded_uid: str) -> Confirmation:
         if self._threshold is None:
             return await self._get(ref, recorded_uid)
         loop = asyncio.get_running_loop()
-        waiter = _Waiter(ref, recorded_uid, loop.create_future())
         kind = ref.kind.value
         now = loop.time()
+        covering = self._list_since(kind, self._heard.get(ref.key, now))
+        if covering is not None:
+            try:
+                listed = await asyncio.shield(covering)
+            except Exception as exc:
+                return Confirmation(Outcome.READ_FAILED, detail=f"LIST failed: {exc}")
+            decision = decide_from_list(ref, recorded_uid, listed)
+            if decision.outcome == Outcome.CONFIRMED_GONE:
+                return await self._get(ref, recorded_uid)  # absence is proven by the object's own read
+            return decision
+        waiter = _Waiter(ref, recorded_uid, loop.create_future())
         recent = [t for t in self._arrivals.get(kind, []) if now - t < STORM_WINDOW_S]
         recent.append(now)
         self._arrivals[kind] = recent
@@ -184,29 +209,60 @@ class Confirmer:
             if not waiter.future.done():
                 waiter.future.set_result(outcome)
 
-    async def _by_list(self, kind: str, batch: list[_Waiter]) -> list[Confirmation]:
+    def _list_since(self, kind: str, since: float) -> asyncio.Future[dict[tuple[str, str], dict[str, Any]]] | None:
+        """A LIST of ``kind`` (done or in flight) that started at or after ``since`` and may still be used."""
+        found = self._lists.get(kind)
+        if found is None:
+            return None
+        started, future = found
+        now = asyncio.get_running_loop().time()
+        if now - started > self._list_reuse_s:
+            del self._lists[kind]  # stale: also frees the objects it holds
+            return None
+        if started < since or (future.done() and (future.cancelled() or future.exception() is not None)):
+            return None
+        return future
+
+    async def _list(self, kind: str) -> dict[tuple[str, str], dict[str, Any]]:
+        """One paginated consistent LIST of ``kind``, published in ``_lists`` while it runs and after."""
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[dict[tuple[str, str], dict[str, Any]]] = loop.create_future()
+        self._lists[kind] = (loop.time(), future)
+        try:
+            listed = await self._read_list(kind)
+        except BaseException as exc:
+            future.set_exception(exc if isinstance(exc, Exception) else ApiUnavailable("LIST cancelled"))
+            future.exception()  # retrieved: joiners handle it, nobody else must see it as unhandled
+            raise
+        future.set_result(listed)
+        return listed
+
+    async def _read_list(self, kind: str) -> dict[tuple[str, str], dict[str, Any]]:
         if self._on_read is not None:
             self._on_read("list")
         resource = MODEL_RESOURCES[kind]
         listed: dict[tuple[str, str], dict[str, Any]] = {}
         cont = ""
+        async with asyncio.timeout(self._deadline_s * 3):
+            while True:
+                query: dict[str, str | int] = {"limit": 500}
+                if cont:
+                    query["continue"] = cont
+                page = await self._client.request("GET", resource.path(), query=query, timeout=self._deadline_s)
+                items = page.get("items")
+                if not isinstance(items, list):
+                    raise ApiUnavailable("LIST answer without items")
+                for item in items:
+                    meta = item.get("metadata") or {}
+                    item.setdefault("kind", resource.kind)
+                    listed[(str(meta.get("namespace") or ""), str(meta.get("name") or ""))] = item
+                cont = str((page.get("metadata") or {}).get("continue") or "")
+                if not cont:
+                    return listed
+
+    async def _by_list(self, kind: str, batch: list[_Waiter]) -> list[Confirmation]:
         try:
-            async with asyncio.timeout(self._deadline_s * 3):
-                while True:
-                    query: dict[str, str | int] = {"limit": 500}
-                    if cont:
-                        query["continue"] = cont
-                    page = await self._client.request("GET", resource.path(), query=query, timeout=self._deadline_s)
-                    items = page.get("items")
-                    if not isinstance(items, list):
-                        raise ApiUnavailable("LIST answer without items")
-                    for item in items:
-                        meta = item.get("metadata") or {}
-                        item.setdefault("kind", resource.kind)
-                        listed[(str(meta.get("namespace") or ""), str(meta.get("name") or ""))] = item
-                    cont = str((page.get("metadata") or {}).get("continue") or "")
-                    if not cont:
-                        break
+            listed = await self._list(kind)
         except (ApiError, ApiUnavailable, TimeoutError) as exc:
             detail = f"LIST failed: {exc}"
             gone = isinstance(exc, ApiError) and exc.status == 404

@@ -133,6 +133,14 @@ class Agent:
             resume_file=self.layout.primary.private / "resume",
         )
         self.breaker.on_change = self._on_breaker_change
+        self.confirmer = Confirmer(
+            client,
+            deadline_s=settings.confirm_timeout_s,
+            batch_threshold=settings.confirm_batch_threshold if settings.confirm_batch_threshold >= 0 else None,
+            on_read=lambda method: self.metrics.confirmation_reads.labels(method).inc(),
+            debounce_s=settings.confirm_debounce_s,
+            jitter_s=min(1.0, settings.confirm_debounce_s),
+        )
         self.remover = Remover(
             RemovalContext(
                 client=client,
@@ -149,14 +157,7 @@ class Agent:
                 cached_models=self._cached_models,
                 confirm_deadline_s=settings.confirm_timeout_s,
                 repair_cache=self._repair_cache,
-                confirmer=Confirmer(
-                    client,
-                    deadline_s=settings.confirm_timeout_s,
-                    batch_threshold=settings.confirm_batch_threshold if settings.confirm_batch_threshold >= 0 else None,
-                    on_read=lambda method: self.metrics.confirmation_reads.labels(method).inc(),
-                    debounce_s=settings.confirm_debounce_s,
-                    jitter_s=min(1.0, settings.confirm_debounce_s),
-                ),
+                confirmer=self.confirmer,
             )
         )
         s3 = S3Source(ranged=settings.ranged_config())
@@ -206,6 +207,7 @@ class Agent:
         except ValueError:
             return
         self._label_index[ref.label_key] = ref.key
+        self.confirmer.heard(ref.key)  # a removal candidate from now on needs a read newer than this
         self.queue.add(ref.key)
 
     def _on_node_change(self, change: Change, _source: str) -> None:
