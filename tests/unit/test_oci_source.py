@@ -329,3 +329,22 @@ async def test_cancelled_fetch_stops_and_resumes_from_its_parts(fake: FakeOciObj
     assert first_run + second_run <= len(big) + 2 * MiB  # at most the 2 parts in flight were fetched twice
     publish(request, result)
     assert hashlib.sha256((request.dest / "big.bin").read_bytes()).digest() == hashlib.sha256(big).digest()
+
+
+async def test_session_token_profile_signs_with_the_token(
+    fake: FakeOciObjectStorage, identity: UserPrincipal, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    token_file = tmp_path / "token"
+    token_file.write_text("fake-session-token\n")
+    config = tmp_path / "config"
+    config.write_text(
+        identity.config_path.read_text().replace("[DEFAULT]", "[SESSION]") + f"security_token_file={token_file}\n"
+    )
+    monkeypatch.setenv("OCI_CONFIG_PATH", str(config))
+    monkeypatch.setenv("PROFILE", "SESSION")
+    monkeypatch.setenv("USE_SESSION_TOKEN", "true")
+    fake.keys = {"ST$fake-session-token": identity.public_key}  # only the session token's keyId is accepted
+    fake.put("models", "m/a.bin", b"weights")
+    result = await source().fetch(oci_req(fake, tmp_path, f"oci://n/{NS}/b/models/o/m"))
+    assert list(files_of(result)) == ["a.bin"]
+    assert all('keyId="ST$fake-session-token"' in r.headers["authorization"] for r in fake.requests)
