@@ -15,7 +15,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 setup: $(STAMP)
-	$(BIN)/model-agent dev build --with-helm
+	$(BIN)/model-agent dev build --with-helm --with-emulators
 	$(BIN)/python -m model_agent.devenv.olah ensure
 
 demo: setup

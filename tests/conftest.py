@@ -1,7 +1,8 @@
-"""Shared fixtures: one real control plane per test session, one olah mirror per session.
+"""Shared fixtures: one real control plane, one olah mirror, one fake-gcs-server and one Azurite per session.
 
 End-to-end tests never skip for a missing component: if the control plane binaries are not cached they
-are built (a cold build takes ~9 minutes on 2 cores), and a failure to build or start fails the tests.
+are built (a cold build takes ~9 minutes on 2 cores), and a failure to build or start fails the tests; the
+same holds for the GCS and Azure emulators (``model-agent dev build --with-emulators`` caches them).
 """
 
 from __future__ import annotations
@@ -14,7 +15,9 @@ from pathlib import Path
 import pytest
 from hypothesis import settings
 
+from model_agent.devenv.azurite import AzuriteServer
 from model_agent.devenv.controlplane import ControlPlane
+from model_agent.devenv.fakegcs import FakeGcsServer
 from model_agent.devenv.olah import OlahServer
 from model_agent.kube.client import KubeClient
 from tests.support.kube import Kube
@@ -62,6 +65,20 @@ def mirrors_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def olah(mirrors_root: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[OlahServer]:
     with OlahServer(mirrors_root, tmp_path_factory.mktemp("olah-state")) as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def fake_gcs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FakeGcsServer]:
+    """A real GCS API (fake-gcs-server) on loopback; ``fake_gcs.endpoint`` is the ``endpoint`` parameter."""
+    with FakeGcsServer(tmp_path_factory.mktemp("fake-gcs")) as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def azurite(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AzuriteServer]:
+    """A real Azure Blob API (Azurite) on loopback; ``azurite.endpoint`` is the ``endpoint`` parameter."""
+    with AzuriteServer(tmp_path_factory.mktemp("azurite")) as server:
         yield server
 
 

@@ -12,6 +12,7 @@ from typing import Annotated
 
 import typer
 
+from model_agent.devenv import azurite, fakegcs
 from model_agent.devenv import controlplane as cp
 
 app = typer.Typer(help="Run a real local Kubernetes control plane (kube-apiserver + etcd) for tests and demos.")
@@ -26,7 +27,7 @@ def _echo(message: str) -> None:
     typer.echo(message, err=True)
 
 
-def _fail(exc: cp.ControlPlaneError) -> typer.Exit:
+def _fail(exc: Exception) -> typer.Exit:
     typer.echo(f"error: {exc}", err=True)
     return typer.Exit(code=2)
 
@@ -75,11 +76,20 @@ def status(state_dir: StateDir = None) -> None:
 def build_cmd(
     force: Annotated[bool, typer.Option(help="Rebuild even when cached.")] = False,
     with_helm: Annotated[bool, typer.Option("--with-helm", help="Also build helm (for chart tests).")] = False,
+    with_emulators: Annotated[
+        bool,
+        typer.Option(
+            "--with-emulators", help="Also build fake-gcs-server and install Azurite (gs:// and az:// tests)."
+        ),
+    ] = False,
 ) -> None:
     """Build (or find cached) kube-apiserver and etcd binaries for the pinned Kubernetes version."""
     try:
         cp.build(force=force, echo=_echo)
         if with_helm:
             cp.build_helm(echo=_echo)
-    except cp.ControlPlaneError as exc:
+        if with_emulators:
+            fakegcs.build_fake_gcs(echo=_echo)
+            azurite.ensure_azurite(echo=_echo)
+    except (cp.ControlPlaneError, azurite.AzuriteError) as exc:
         raise _fail(exc) from None

@@ -192,19 +192,19 @@ def helm_binary() -> Path:
     return cache_root() / "helm" / HELM_VERSION / "helm"
 
 
-def build_helm(*, echo: Echo = _noop) -> Path:
-    """``go install`` the pinned helm into the cache (a real chart renderer for the deploy tests)."""
-    target = helm_binary()
+def go_install(package: str, version: str, target: Path, *, echo: Echo = _noop) -> Path:
+    """``go install package@version`` into ``target``'s folder (static, stripped) unless ``target`` exists."""
+    name = target.name
     if target.is_file():
-        echo(f"helm {HELM_VERSION}: using cached binary {target}")
+        echo(f"{name} {version}: using cached binary {target}")
         return target
     go = _find_go()
     target.parent.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ, CGO_ENABLED="0", GOTOOLCHAIN="local", GOBIN=str(target.parent))
-    echo(f"building helm {HELM_VERSION} from its Go module")
+    echo(f"building {name} {version} from its Go module")
     started = time.monotonic()
     proc = subprocess.run(
-        [go, "install", "-trimpath", "-ldflags", "-s -w", f"helm.sh/helm/v3/cmd/helm@{HELM_VERSION}"],
+        [go, "install", "-trimpath", "-ldflags", "-s -w", f"{package}@{version}"],
         env=env,
         capture_output=True,
         text=True,
@@ -213,9 +213,14 @@ def build_helm(*, echo: Echo = _noop) -> Path:
     )
     if proc.returncode != 0:
         last = (proc.stderr.strip().splitlines() or ["(no output)"])[-1]
-        raise ControlPlaneError(f"go install of helm {HELM_VERSION} failed: {last}")
-    echo(f"built helm in {time.monotonic() - started:.0f}s")
+        raise ControlPlaneError(f"go install of {name} {version} failed: {last}")
+    echo(f"built {name} in {time.monotonic() - started:.0f}s")
     return target
+
+
+def build_helm(*, echo: Echo = _noop) -> Path:
+    """``go install`` the pinned helm into the cache (a real chart renderer for the deploy tests)."""
+    return go_install("helm.sh/helm/v3/cmd/helm", HELM_VERSION, helm_binary(), echo=echo)
 
 
 # ------------------------------------------------------------------------------------------------- run

@@ -1,17 +1,20 @@
-"""One shape for the local helper servers (mirror, S3, fault proxy): start/stop, sync and async contexts.
+"""One shape for the local helper servers (mirror, S3, GCS, Azure, fault proxy): start/stop, sync and async.
 
 A subclass implements blocking :meth:`start` and :meth:`stop`; this mixin adds ``astart``/``astop`` (run in
 a worker thread so an event loop is never blocked) and both context-manager protocols, stopping on exit
-however the block ends.
+however the block ends. :class:`LocalProcess` is that shape for a program on a free loopback port.
 """
 
 from __future__ import annotations
 
 import asyncio
+import signal
+import socket
 import subprocess
 import time
 import urllib.error
 import urllib.request
+from pathlib import Path
 from types import TracebackType
 from typing import Self
 
@@ -71,3 +74,90 @@ class ManagedService:
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         await self.astop()
+
+
+def free_port() -> int:
+    """A loopback TCP port that was free a moment ago (the caller retries when it is taken meanwhile)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+class LocalProcess(ManagedService):
+    """A server program on a free loopback port, output in ``<state_dir>/<name>.log``.
+
+    Subclasses give :meth:`argv` (for a port) and :meth:`ready_url`; ``start`` returns once that URL
+    answers HTTP (any status), tries another port up to three times when the process exits early because
+    its port was taken ("in use" in its output), and raises ``error`` otherwise; ``stop`` sends ``stop_signal``
+    (SIGTERM), then SIGKILL after ``stop_timeout``. Idempotent both ways.
+    """
+
+    name = "server"
+    error: type[Exception] = RuntimeError
+    stop_signal = signal.SIGTERM
+
+    def __init__(self, state_dir: Path, *, start_timeout: float = 60.0, stop_timeout: float = 10.0) -> None:
+        self.state_dir = Path(state_dir).resolve()
+        self.start_timeout = start_timeout
+        self.stop_timeout = stop_timeout
+        self.port = 0
+        self._proc: subprocess.Popen[bytes] | None = None
+
+    def argv(self, port: int) -> list[str]:
+        raise NotImplementedError
+
+    def ready_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/"
+
+    @property
+    def log_path(self) -> Path:
+        return self.state_dir / f"{self.name}.log"
+
+    @property
+    def running(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
+
+    def start(self) -> None:
+        if self._proc is not None:
+            return
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        for _ in range(3):
+            self.port = free_port()
+            offset = self.log_path.stat().st_size if self.log_path.exists() else 0
+            with self.log_path.open("ab") as log:
+                self._proc = subprocess.Popen(
+                    self.argv(self.port),
+                    cwd=self.state_dir,
+                    stdin=subprocess.DEVNULL,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                )
+            try:
+                code = wait_until_answering(self._proc, self.ready_url(), time.monotonic() + self.start_timeout)
+            except TimeoutError:
+                self.stop()
+                raise self.error(
+                    f"{self.name} did not answer within {self.start_timeout:.0f}s: see {self.log_path}"
+                ) from None
+            if code is None:
+                return
+            self._proc = None
+            output = self.log_path.read_bytes()[offset:].decode(errors="replace").strip()
+            if "in use" not in output.lower():  # not a lost race for the port: say why it stopped
+                last = output.splitlines()[-1][:300] if output else "no output"
+                raise self.error(f"{self.name} exited with code {code} during start-up: {last} (log: {self.log_path})")
+        self.stop()
+        raise self.error(f"{self.name} exited during start-up three times: see {self.log_path}")
+
+    def stop(self) -> None:
+        proc, self._proc = self._proc, None
+        if proc is not None and proc.poll() is None:
+            proc.send_signal(self.stop_signal)
+            try:
+                proc.wait(timeout=self.stop_timeout)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(timeout=self.stop_timeout)
+        self.port = 0
