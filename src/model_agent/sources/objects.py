@@ -1,8 +1,9 @@
 """What every object-store source does once it has listed a prefix: plan, reuse, reserve, download, report.
 
-Role: the part of an object-store fetch that does not depend on the store. A source (``s3://``, ``oci://``)
-lists the objects under its prefix as :class:`RemoteObject` values and hands them to :func:`fetch_listed`
-with a function that downloads one object into staging; this module does the rest, the same way for all:
+Role: the part of an object-store fetch that does not depend on the store. A source (``s3://``, ``oci://``,
+``gs://``, ``az://``) lists the objects under its prefix as :class:`RemoteObject` values (:func:`listed_object`
+takes the prefix as a folder and drops folder markers) and hands them to :func:`fetch_listed` with a function
+that downloads one object into staging; this module does the rest, the same way for all:
 
 * path safety (:func:`check_paths`): a name that would not be a plain relative path under ``dest`` (``..``,
   ``.``, empty segments, NUL), a name under ``.cache/`` (the staging bookkeeping folder), and two names where
@@ -19,6 +20,8 @@ with a function that downloads one object into staging; this module does the res
 :func:`download_each` then runs the downloads with one shared :class:`RangedDownloader` (and HTTP session),
 at most ``max_parallel_files`` objects at once, counting bytes into the progress; the source only says, per
 object, what to expect and how to GET it (:class:`ObjectGet`: a presigned URL, or a URL and signed headers).
+Presigned URLs are renewed periodically (:class:`SignedUrls`): a URL signed with temporary credentials dies
+with them whatever its stated expiry.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ import asyncio
 import contextlib
 import hashlib
 import os
+import time
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -55,6 +59,19 @@ class RemoteObject:
     size: int
     etag: str  # as the store sends it (S3: quotes included)
     md5: str | None = None  # lowercase hex MD5 of the whole object, when the listing tells it
+
+
+def folder_prefix(prefix: str) -> str:
+    """The prefix as a folder: ``""`` (the whole bucket) or ending with ``/``."""
+    return prefix if not prefix or prefix.endswith("/") else prefix + "/"
+
+
+def listed_object(key: str, size: int, etag: str, prefix: str, md5: str | None = None) -> RemoteObject | None:
+    """The object ``key`` listed under the folder ``prefix``, or None for a folder marker (zero bytes, ``.../``)."""
+    rel = key[len(prefix) :] if key.startswith(prefix) else key
+    if (not rel or rel.endswith("/")) and size == 0:
+        return None
+    return RemoteObject(key, rel, size, etag, md5)
 
 
 def shape_filtered(objects: list[RemoteObject], alias: str) -> list[RemoteObject]:
@@ -145,6 +162,32 @@ def clean_staging(staging: Path, wanted: set[str]) -> None:
             else:
                 with contextlib.suppress(OSError):
                     sub.rmdir()  # only when empty
+
+
+class SignedUrls:
+    """A signed GET URL per key, made by ``sign`` and renewed every ``renew_s`` seconds.
+
+    ``sign`` may refresh temporary credentials over the network first (IRSA, instance roles, workload
+    identity), so a source runs blocking signers in a worker thread inside it. A URL signed with temporary
+    credentials dies with them whatever its stated expiry, hence a renewal period shorter than the expiry.
+    """
+
+    def __init__(self, sign: Callable[[str], Awaitable[str]], renew_s: float) -> None:
+        self.sign = sign
+        self.renew_s = renew_s
+        self._urls: dict[str, tuple[str, float]] = {}
+
+    async def url(self, key: str) -> str:
+        cached = self._urls.get(key)
+        now = time.monotonic()
+        if cached is not None and now - cached[1] < self.renew_s:
+            return cached[0]
+        url = await self.sign(key)
+        self._urls[key] = (url, now)
+        return url
+
+    def for_key(self, key: str) -> Callable[[], Awaitable[str]]:
+        return lambda: self.url(key)
 
 
 @dataclass(frozen=True)

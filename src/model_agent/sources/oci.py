@@ -74,7 +74,7 @@ from urllib.parse import quote
 from model_agent.local.capacity import REGISTRY, CapacityRegistry
 from model_agent.model.uris import InvalidStorageUri, parse_oci_uri
 from model_agent.sources.base import FetchRequest, FetchResult, Progress, SourceError
-from model_agent.sources.objects import ObjectGet, RemoteObject, Transfer, fetch_listed
+from model_agent.sources.objects import ObjectGet, RemoteObject, Transfer, fetch_listed, listed_object
 from model_agent.sources.ranged import Expected, RangedConfig, b64_to_hex
 from model_agent.sources.s3 import S3Source
 
@@ -418,11 +418,11 @@ class OciSource:
         data = client.sdk.list_objects(settings.namespace, settings.bucket, **kwargs).data
         objects: list[RemoteObject] = []
         for item in data.objects or []:
-            name, size = str(item.name), int(item.size or 0)
-            rel = name[len(settings.prefix) :] if name.startswith(settings.prefix) else name
-            if (not rel or rel.endswith("/")) and size == 0:
-                continue  # a folder marker
-            objects.append(RemoteObject(name, rel, size, str(item.etag or ""), md5_of_listing(item.md5)))
+            obj = listed_object(
+                str(item.name), int(item.size or 0), str(item.etag or ""), settings.prefix, md5_of_listing(item.md5)
+            )
+            if obj is not None:
+                objects.append(obj)
         return objects, data.next_start_with or None
 
     # ------------------------------------------------------------------ fetch

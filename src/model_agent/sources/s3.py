@@ -63,15 +63,22 @@ from __future__ import annotations
 
 import asyncio
 import re
-import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from model_agent.local.capacity import REGISTRY, CapacityRegistry
 from model_agent.model.uris import InvalidStorageUri, parse_s3_uri
 from model_agent.sources.base import FetchRequest, FetchResult, Progress, SourceError
-from model_agent.sources.objects import ObjectGet, RemoteObject, Transfer, fetch_listed
+from model_agent.sources.objects import (
+    ObjectGet,
+    RemoteObject,
+    SignedUrls,
+    Transfer,
+    fetch_listed,
+    folder_prefix,
+    listed_object,
+)
 from model_agent.sources.ranged import Expected, RangedConfig, b64_to_hex
 
 if TYPE_CHECKING:
@@ -158,10 +165,9 @@ def settings_for(request: FetchRequest) -> S3Settings:
             retryable=False,
         )
     anonymous = (params.get(PARAM_ANONYMOUS) or "").strip().lower() in ("true", "1", "yes")
-    prefix = uri.prefix if not uri.prefix or uri.prefix.endswith("/") else uri.prefix + "/"
     return S3Settings(
         bucket=uri.bucket,
-        prefix=prefix,
+        prefix=folder_prefix(uri.prefix),
         region=(params.get(PARAM_REGION) or "").strip() or uri.region or None,
         endpoint=endpoint,
         addressing_style=style,
@@ -239,39 +245,6 @@ def _classify(exc: BaseException, label: str) -> SourceError:
     return SourceError("SourceError", f"{label}: {type(exc).__name__}: {str(exc)[:300]}")
 
 
-class _Presigner:
-    """Presigned GET URLs per key, signed in a worker thread and renewed every ``renew_s`` seconds.
-
-    Signing is local, but temporary credentials (IRSA, instance roles) may need a refresh first, which is a
-    network call: never on the event loop. A URL signed with temporary credentials dies with them whatever
-    its ``ExpiresIn``, hence the short renewal period.
-    """
-
-    def __init__(self, client: S3Client, bucket: str, expiry_s: int, renew_s: float) -> None:
-        self.client = client
-        self.bucket = bucket
-        self.expiry_s = expiry_s
-        self.renew_s = renew_s
-        self._urls: dict[str, tuple[str, float]] = {}
-
-    def _sign(self, key: str) -> str:
-        return self.client.generate_presigned_url(
-            "get_object", Params={"Bucket": self.bucket, "Key": key}, ExpiresIn=self.expiry_s
-        )
-
-    async def url(self, key: str) -> str:
-        cached = self._urls.get(key)
-        now = time.monotonic()
-        if cached is not None and now - cached[1] < self.renew_s:
-            return cached[0]
-        url = await asyncio.to_thread(self._sign, key)
-        self._urls[key] = (url, now)
-        return url
-
-    def for_key(self, key: str) -> Callable[[], Awaitable[str]]:
-        return lambda: self.url(key)
-
-
 class S3Source:
     """The ``s3://`` source; one instance serves every S3 model of the agent (clients are cached)."""
 
@@ -339,12 +312,10 @@ class S3Source:
         )
         for page in pages:
             for item in page.get("Contents", []):
-                key, size = item["Key"], int(item.get("Size", 0))
-                rel = key[len(settings.prefix) :]
-                if (not rel or rel.endswith("/")) and size == 0:
-                    continue  # a folder marker
                 etag = str(item.get("ETag", ""))
-                objects.append(RemoteObject(key, rel, size, etag, md5_of_etag(etag)))
+                obj = listed_object(item["Key"], int(item.get("Size", 0)), etag, settings.prefix, md5_of_etag(etag))
+                if obj is not None:
+                    objects.append(obj)
         return objects
 
     # ------------------------------------------------------------------ fetch
@@ -361,7 +332,13 @@ class S3Source:
         if not objects:
             raise SourceError("NoObjects", f"no objects found under {settings.label()}")
 
-        presigner = _Presigner(client, settings.bucket, self.presign_expiry_s, PRESIGN_RENEW_S)
+        def presign(key: str) -> str:
+            return client.generate_presigned_url(
+                "get_object", Params={"Bucket": settings.bucket, "Key": key}, ExpiresIn=self.presign_expiry_s
+            )
+
+        # Signing is local, but temporary credentials may need a refresh first (a network call): in a thread.
+        presigner = SignedUrls(lambda key: asyncio.to_thread(presign, key), PRESIGN_RENEW_S)
 
         async def prepare(obj: RemoteObject) -> ObjectGet:
             try:
