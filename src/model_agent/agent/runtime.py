@@ -63,6 +63,7 @@ from model_agent.model.selection import INSTANCE_TYPE_MAP_ENV, parse_instance_ty
 from model_agent.model.uris import StorageType
 from model_agent.ops.events import WARNING, EventRecorder, ObjectRef
 from model_agent.ops.metrics import Metrics
+from model_agent.sources.cloud import CloudSource
 from model_agent.sources.hf import HuggingFaceSource
 from model_agent.sources.oci import OciSource
 from model_agent.sources.s3 import S3Source
@@ -161,6 +162,7 @@ class Agent:
             )
         )
         s3 = S3Source(ranged=settings.ranged_config())
+        cloud = CloudSource(ranged=settings.ranged_config())  # gs:// and az:// (one instance: stores are cached)
         self.reconciler = Reconciler(
             Context(
                 client=client,
@@ -184,7 +186,12 @@ class Agent:
                 models_store={kind: r.store for kind, r in self.models.items()},
                 requeue_after=self._requeue_after,
                 busy=lambda: self.queue.depth + self.queue.processing_count > 0,
-                sources={StorageType.S3: s3, StorageType.OCI: OciSource(ranged=settings.ranged_config(), s3=s3)},
+                sources={
+                    StorageType.S3: s3,
+                    StorageType.OCI: OciSource(ranged=settings.ranged_config(), s3=s3),
+                    StorageType.GCS: cloud,
+                    StorageType.AZURE: cloud,
+                },
                 instance_type_map=parse_instance_type_map(os.environ.get(INSTANCE_TYPE_MAP_ENV)),
                 origin_slots=self.origin.hold,
             )
