@@ -23,7 +23,9 @@ needs nothing more.
 
 What it costs (``bench/cloud.py``, 128 MiB to tmpfs, same emulators, a shared 2-core machine at load 11-16,
 2026-11): the engine took 0.9-1.6 s (0.5-0.9 CPU-s) where ``obstore.get_async`` streamed into a file took
-0.6-1.1 s (0.33-0.4 CPU-s); fixed overhead (list, probe, sign) 0.07-0.16 s. The emulators serve parallel
+0.6-1.1 s (0.33-0.4 CPU-s); fixed overhead (list, probe, sign) 0.07-0.16 s. Re-measured on the shared
+objects module at load 4-6: engine 0.73-1.24 s (0.46-0.8 CPU-s), stream 0.37-0.67 s (0.29-0.33 CPU-s), peak
+RSS 262 MiB with the 128 MiB upload buffer (``bench/results/cloud.json``). The emulators serve parallel
 ranges no faster than one stream and the engine also computes the MD5, so on loopback the plain stream
 wins; the engine is kept for what the stream lacks (resume from a part map, verification, bounded memory,
 parallel connections where one connection is capped, as on the real stores). Throughput belongs to
