@@ -35,12 +35,10 @@ os.environ.setdefault("HF_HUB_DISABLE_XET", "1")
 os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-import aiohttp
-
 from model_agent.sources.base import FetchRequest, SourceError, publish
-from model_agent.sources.hf import HuggingFaceSource
-from model_agent.sources.ranged import Expected, RangedConfig, RangedDownloader
-from model_agent.sources.s3 import S3Source, settings_for
+
+# Each mode imports only what the agent would load for that source (the agent imports sources lazily too),
+# so start-up cost and idle memory are not inflated by the other sources' libraries.
 
 MAX_PARALLEL_FILES = 8
 
@@ -52,6 +50,8 @@ def _request(uri: str, dest: Path, parameters: dict[str, str]) -> FetchRequest:
 
 
 async def fetch_s3(args: argparse.Namespace) -> int:
+    from model_agent.sources.s3 import S3Source, settings_for
+
     params = {"endpoint": args.endpoint, "anonymous": "true", "addressingStyle": "path", "region": "us-east-1"}
     request = _request(f"s3://{args.bucket}", args.dest, params)
     source = S3Source()
@@ -64,6 +64,8 @@ async def fetch_s3(args: argparse.Namespace) -> int:
 
 
 async def fetch_hf(args: argparse.Namespace) -> int:
+    from model_agent.sources.hf import HuggingFaceSource
+
     request = _request(f"hf://{args.repo}", args.dest, {})
     source = HuggingFaceSource(args.endpoint)
     if args.idle:
@@ -74,6 +76,10 @@ async def fetch_hf(args: argparse.Namespace) -> int:
 
 
 async def fetch_ranged(args: argparse.Namespace) -> int:
+    import aiohttp
+
+    from model_agent.sources.ranged import Expected, RangedConfig, RangedDownloader
+
     listing = json.loads(Path(args.listing).read_text())
     staging = args.dest / ".staging"
     config = RangedConfig()

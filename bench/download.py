@@ -135,6 +135,7 @@ class Bench:
                 "first_wall_s": round(first.wall_s, 3),
                 "sent_first_bytes": sent_first,
                 "refetched_bytes": sent - self.data.by_path(big).size,
+                "rerun_bytes": sent - sent_first,
             }
         elif workload.fault == "flip":
             self.proxy.reset(Faults(flip_suffix=big, flip_offset=self.data.by_path(big).size // 2 + 4097))
@@ -265,7 +266,7 @@ def run_suite(args: argparse.Namespace) -> int:
         "kind": "suite",
         "suite": args.suite_id,
         "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "results": str(results),
+        "results": os.path.relpath(results, BENCH.parent) if results.is_relative_to(BENCH.parent) else str(results),
         "machine": _machine(),
         "config": {
             "rounds": args.rounds,
@@ -282,6 +283,29 @@ def run_suite(args: argparse.Namespace) -> int:
         "missing_tools": missing_tools,
     }
     big_file = data.root / data.big
+    try:
+        _measure_all(args, suite, data, tools, workloads, dests, big_file)
+    finally:
+        shutil.rmtree(args.tmpfs, ignore_errors=True)
+    found = download_report.write(results, args.report, args.verdicts, args.suite_id)
+    print(f"== {args.report}")
+    for v in found:
+        mark = "PASS" if v["pass"] else "FAIL" if v["pass"] is False else "n/a "
+        print(f"{mark} {v['target']} [{v['subject']}]: {v['measured']}")
+    return 0
+
+
+def _measure_all(
+    args: argparse.Namespace,
+    suite: dict[str, Any],
+    data: DataSet,
+    tools: list[Peer],
+    workloads: list[Workload],
+    dests: list[str],
+    big_file: Path,
+) -> None:
+    work: Path = args.work_dir
+    results: Path = args.results
     with NginxOrigin(data, work) as origin, HttpFaultProxy(origin.port) as proxy:
         suite["origin_version"] = origin.version()
         bench = Bench(args, data, origin, proxy)
@@ -324,14 +348,6 @@ def run_suite(args: argparse.Namespace) -> int:
                 except ImportError as exc:
                     print(f"no plot: {exc}", file=sys.stderr)
             sink.write(json.dumps(suite) + "\n")
-    shutil.rmtree(args.tmpfs, ignore_errors=True)
-    found = download_report.write(results, args.report, args.verdicts, args.suite_id)
-    print(f"== {args.report}")
-    for v in found:
-        print(
-            f"{'PASS' if v['pass'] else 'FAIL' if v['pass'] is False else 'n/a '} {v['target']} [{v['subject']}]: {v['measured']}"
-        )
-    return 0
 
 
 def main() -> int:
