@@ -147,16 +147,16 @@ class Bench:
         elif workload.fault == "429":
             self.proxy.reset(Faults(reply_429=3, reply_429_suffix=big, retry_after_s=RETRY_AFTER_S))
             measured = self._run(peer, job, root, dest, log)
-            sent = self.proxy.counters.replied_429
+            answered_429 = self.proxy.counters.replied_429
             window = 0
-            if sent:
-                last = sent[-1]
+            if answered_429:
+                last = answered_429[-1]
                 window = sum(
                     1
                     for r in self.proxy.counters.requests
                     if last + WINDOW_GRACE_S < r.at < last + RETRY_AFTER_S and r.status != 429
                 )
-            extra = {"replied_429": len(sent), "requests_in_window": window}
+            extra = {"replied_429": len(answered_429), "requests_in_window": window}
         else:
             measured = self._run(peer, job, root, dest, log)
         if via_proxy:

@@ -39,7 +39,7 @@ def loopback_tcp_gbs(seconds: int) -> float | None:
                 ["iperf3", "-c", "127.0.0.1", "-p", str(port), "-t", str(seconds), "-J"], capture_output=True, text=True
             )
             try:
-                received = json.loads(out.stdout)["end"]["sum_received"]["bits_per_second"]
+                received = float(json.loads(out.stdout)["end"]["sum_received"]["bits_per_second"])
                 return round(received / 8e9, 3)
             except (ValueError, KeyError):
                 time.sleep(0.1)  # the one-off server may not listen yet (iperf3 reports an "error" then)
@@ -67,7 +67,7 @@ def disk_write_gbs(folder: Path, size_mib: int, *, direct: bool) -> float | None
         if out.returncode != 0:
             return None
         if direct:
-            return round(json.loads(out.stdout)["jobs"][0]["write"]["bw_bytes"] / 1e9, 3)
+            return round(float(json.loads(out.stdout)["jobs"][0]["write"]["bw_bytes"]) / 1e9, 3)
         return round(size_mib * MiB / wall / 1e9, 3)
     finally:
         target.unlink(missing_ok=True)

@@ -74,9 +74,11 @@ def best_peer(runs: list[Row], workload: str, dest: str) -> tuple[str | None, fl
         for r in runs
         if r["workload"] == workload and r["dest"] == dest and not r["tool"].startswith("agent-")
     }
-    scored = [(t, throughput(runs, workload, dest, t)) for t in tools]
-    scored = [(t, s) for t, s in scored if s is not None]
-    return max(scored, key=lambda ts: ts[1]) if scored else (None, None)
+    scored = [(t, s) for t in tools if (s := throughput(runs, workload, dest, t)) is not None]
+    if not scored:
+        return None, None
+    tool, speed = max(scored, key=lambda ts: ts[1])
+    return tool, speed
 
 
 def _ceiling(suite: Row, key: str) -> float | None:
@@ -241,6 +243,26 @@ def _throughput_table(runs: list[Row], workload: str, dest: str) -> list[str]:
     return [*lines, ""]
 
 
+def _reference_warning(suite: Row) -> list[str]:
+    """A loud line when this suite is not the issue's configuration (5 rounds, 4 x 1 GiB + 2 GiB, all six)."""
+    cfg = suite.get("config", {})
+    reference = (
+        cfg.get("rounds", 0) >= 5
+        and cfg.get("big_mib") == 2048
+        and cfg.get("shard_mib") == 1024
+        and cfg.get("shards") == 4
+        and cfg.get("workloads") == "W1,W2,W3,W4,W5,W6"
+    )
+    if reference:
+        return []
+    return [
+        "**Not the reference configuration** (rounds, data set or workloads reduced): this report validates "
+        "the harness; its numbers are not the comparison the targets ask for. Run `make bench-download` on a "
+        "quiet machine for that.",
+        "",
+    ]
+
+
 def markdown(suite: Row, runs: list[Row], found: list[Row]) -> str:
     cfg = suite.get("config", {})
     lines = [
@@ -251,6 +273,7 @@ def markdown(suite: Row, runs: list[Row], found: list[Row]) -> str:
         "(or `python bench/download.py run`; `--smoke` for the one-minute subset). Design: "
         "shared/reference/performance.md section 8.",
         "",
+        *_reference_warning(suite),
         "## Set-up",
         "",
         f"- Machine: {suite.get('machine', {}).get('cpus')} CPUs ({suite.get('machine', {}).get('cpu_model')}), "
