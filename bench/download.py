@@ -10,8 +10,8 @@ rounds (round-robin, order rotated every round), measures the ceilings again, ap
 gates CI through tests/e2e/test_download_bench.py.
 
 Workloads (shared/reference/performance.md section 8): W1 the large file; W2 the whole model; W3 the 20
-small files; W4 SIGKILL once the origin has sent half of the large file (``--kill-at``; 75 % in the
-smoke run, see ``main``), then the same command again
+small files; W4 SIGKILL once the origin has sent half of the large file (``--kill-at``; 75 % when the
+file is small against the ranges in flight, as in the smoke run, see ``main``), then the same command again
 (re-fetched bytes from the proxy's counter); W5 one byte of the large file flipped in transit; W6 ``429``
 with ``Retry-After`` for the first GETs of the large file. W4-W6 run on disk through the fault proxy.
 The module docs of download_data, download_origin, http_fault_proxy, download_peers, download_measure,
@@ -394,14 +394,16 @@ def main() -> int:
         "shards": 0 if smoke else 4,
         "fio_mib": 256 if smoke else 2048,
         "iperf_s": 1 if smoke else 3,
-        # With the smoke's 256 MiB file the engine's 8 x 16 MiB ranges in flight are the first half: the origin
-        # has sent 50 % as soon as that first wave sits in socket buffers, before any range has completed, so a
-        # kill there tests nothing. 75 % means the client has asked for (so finished) at least 4 ranges.
-        "kill_at": 0.75 if smoke else 0.5,
     }
     for key, value in defaults.items():
         if getattr(args, key) is None:
             setattr(args, key, value)
+    if args.kill_at is None:
+        # When the engine's ranges in flight (8 x 16 MiB) are a large share of the file (the smoke's 256 MiB: the
+        # first half), the origin has sent 50 % as soon as the first wave sits in socket buffers, before any range
+        # has completed, and a kill there tests nothing. 75 % means the client has asked for (so finished) several.
+        ranged = RangedConfig()
+        args.kill_at = 0.5 if 4 * ranged.concurrency * ranged.part_size <= args.big_mib * MiB else 0.75
     if smoke:
         args.results = args.results or args.work_dir / "download-smoke.jsonl"
         args.report = args.report or args.work_dir / "REPORT-smoke.md"
