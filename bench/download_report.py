@@ -325,6 +325,18 @@ def markdown(suite: Row, runs: list[Row], found: list[Row]) -> str:
     for workload in THROUGHPUT_WORKLOADS:
         for dest in ("tmpfs", "disk"):
             lines += _throughput_table(runs, workload, dest)
+    lines += [
+        "## What each tool checks on its own",
+        "",
+        "- curl, s5cmd, obstore: no content check (a byte flipped in transit is published as is).",
+        "- aria2c: the whole-file sha256 it is given (`checksum=sha-256=`), after the download; on a mismatch "
+        "it exits 32 and leaves the file in place.",
+        "- rclone: size, and MD5 against the ETag when the ETag is an MD5; nginx ETags are not, so size only here.",
+        "- boto3 `download_file` (classic): size. `hf download`: size (the LFS sha256 is not re-hashed).",
+        "- agent-s3: size + `x-amz-checksum-sha256` (FULL_OBJECT) from HEAD; agent-hf: size + LFS sha256 / git "
+        "blob sha1 from the tree listing; agent-ranged: size + the sha256 it is given. All before publishing.",
+        "",
+    ]
     w4 = [r for r in runs if r["workload"] == "W4"]
     if w4:
         lines += [
