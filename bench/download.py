@@ -291,7 +291,7 @@ def run_suite(args: argparse.Namespace) -> int:
         _measure_all(args, suite, data, tools, workloads, dests, big_file)
     finally:
         shutil.rmtree(args.tmpfs, ignore_errors=True)
-    found = download_report.write(results, args.report, args.verdicts, args.suite_id)
+    found = download_report.write(results, args.report, args.suite_id)
     print(f"== {args.report}")
     for v in found:
         mark = "PASS" if v["pass"] else "FAIL" if v["pass"] is False else "n/a "
@@ -313,6 +313,8 @@ def _measure_all(
     with NginxOrigin(data, work) as origin, HttpFaultProxy(origin.port) as proxy:
         suite["origin_version"] = origin.version()
         bench = Bench(args, data, origin, proxy)
+        for peer in tools:  # versions once, before any timed run (the agent's is the commit at the start)
+            bench.version(peer)
         ceiling_args = {"fio_mib": args.fio_mib, "iperf_s": args.iperf_s, "hash_sample": big_file}
         if not args.no_ceilings:
             print("== ceilings (start)", flush=True)
@@ -383,7 +385,7 @@ def main() -> int:
     rep.add_argument("--suite", default=None)
     args = ap.parse_args()
     if args.command == "report":
-        found = download_report.write(args.results, args.report, args.report.with_suffix(".verdicts.json"), args.suite)
+        found = download_report.write(args.results, args.report, args.suite)
         print(f"{args.report}: {sum(1 for v in found if v['pass'])}/{len(found)} verdicts pass")
         return 0
     smoke = args.smoke
@@ -412,7 +414,6 @@ def main() -> int:
         args.results = args.results or BENCH / "results" / "download.jsonl"
         args.report = args.report or BENCH / "REPORT.md"
         args.plot = BENCH / "download.png"
-    args.verdicts = args.report.with_suffix(".verdicts.json")
     args.suite_id = time.strftime("%Y%m%dT%H%M%S", time.gmtime()) + "-" + uuid.uuid4().hex[:6]
     return run_suite(args)
 

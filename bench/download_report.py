@@ -290,8 +290,8 @@ def markdown(suite: Row, runs: list[Row], found: list[Row]) -> str:
         f"- Destinations: tmpfs (`{cfg.get('tmpfs')}`) and disk (`{cfg.get('disk')}`). On disk every run "
         "ends with `sync FILE...` over everything it wrote, inside the timed region, for every tool (tools "
         "that fsync themselves pay a second, cheap fsync).",
-        "- Timing: wall from spawn to reaping; user+sys CPU and peak RSS from the child's rusage (the whole "
-        "process tree, start-up and imports included; nginx and the proxy excluded). GB/s = bytes / wall "
+        "- Timing: wall from spawn to reaping; user+sys CPU from the child's rusage and peak RSS from GNU "
+        "`time -f %M` (the whole process tree, start-up and imports included; nginx and the proxy excluded). GB/s = bytes / wall "
         "(1 GB = 10^9 B). sha256 of every file checked after each run, outside the timed region; a run that "
         "does not verify gets no throughput.",
         "- Xet (`hf_xet`, the Hub's default transport) cannot be benchmarked offline: it needs the Hub's CAS "
@@ -392,8 +392,14 @@ def markdown(suite: Row, runs: list[Row], found: list[Row]) -> str:
     return "\n".join(lines)
 
 
-def write(results: Path, report: Path, verdicts_path: Path, suite_id: str | None = None) -> list[Row]:
+def verdicts_path_for(results: Path) -> Path:
+    """Where the verdicts of a results file are saved as JSON: ``<results stem>-verdicts.json`` beside it."""
+    return results.with_name(results.stem + "-verdicts.json")
+
+
+def write(results: Path, report: Path, suite_id: str | None = None) -> list[Row]:
     suite, runs = load(results, suite_id)
+    verdicts_path = verdicts_path_for(results)
     found = verdicts(suite, runs)
     report.write_text(markdown(suite, runs, found))
     verdicts_path.write_text(json.dumps(found, indent=1))

@@ -28,7 +28,7 @@ def no_leftover_models() -> None:
     """Overrides the e2e clean-up: this test creates no Kubernetes objects, so it needs no control plane."""
 
 
-def test_smoke_run_reports_passing_resume_and_corruption_verdicts(tmp_path: Path) -> None:
+def test_smoke_run_catches_a_flipped_byte_and_resumes_a_killed_download(tmp_path: Path) -> None:
     work = tmp_path / "bench"
     tmpfs = Path("/dev/shm") / f"model-agent-bench-test-{os.getpid()}"
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
@@ -43,7 +43,7 @@ def test_smoke_run_reports_passing_resume_and_corruption_verdicts(tmp_path: Path
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
     assert not tmpfs.exists()
 
-    verdicts = json.loads((work / "REPORT-smoke.verdicts.json").read_text())
+    verdicts = json.loads((work / "download-smoke-verdicts.json").read_text())
     resume = [v for v in verdicts if v["target"].startswith("Resume after SIGKILL")]
     corruption = [v for v in verdicts if v["target"].startswith("Injected byte flip")]
     assert {v["subject"].split()[0] for v in resume} == {"agent-s3", "agent-ranged"}
