@@ -6,7 +6,7 @@ VENV    := .venv
 BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 
-.PHONY: setup demo test lint unit e2e bench clean
+.PHONY: setup demo test lint unit e2e bench bench-download clean
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -31,6 +31,12 @@ unit: $(STAMP)
 
 test: setup lint
 	$(BIN)/pytest -q
+
+# The download benchmark against peers (bench/download.py, ~30 min): writes bench/REPORT.md and
+# bench/results/download.jsonl. Installs its Debian tools when run as root.
+bench-download: $(STAMP)
+	$(BIN)/pip install --quiet -e '.[dev,bench]'
+	$(BIN)/python bench/download.py run
 
 clean:
 	rm -rf $(VENV) .venv-olah .pytest_cache .mypy_cache .ruff_cache

@@ -56,6 +56,37 @@ def fleet(results: list[dict[str, Any]], out: Path) -> None:
     plt.close(fig)
 
 
+def download(rows: list[dict[str, Any]], out: Path) -> None:
+    """GB/s (median of the verified runs) per tool, one panel per workload x destination of W1-W3."""
+    import statistics
+
+    panels = [
+        (w, d)
+        for w in ("W1", "W2", "W3")
+        for d in ("tmpfs", "disk")
+        if any(r["workload"] == w and r["dest"] == d for r in rows)
+    ]
+    if not panels:
+        return
+    fig, axes = plt.subplots(1, len(panels), figsize=(3.6 * len(panels), 4.2), squeeze=False)
+    for ax, (workload, dest) in zip(axes[0], panels, strict=True):
+        speeds: dict[str, list[float]] = {}
+        for r in rows:
+            if r["workload"] == workload and r["dest"] == dest:
+                speeds.setdefault(r["tool"], []).extend([r["gb_s"]] if r["verified"] else [])
+        tools = sorted(speeds, key=lambda t: -(statistics.median(speeds[t]) if speeds[t] else 0))
+        medians = [statistics.median(speeds[t]) if speeds[t] else 0 for t in tools]
+        colors = ["#c44e52" if t.startswith("agent-") else "#4c72b0" for t in tools]
+        ax.barh(tools, medians, color=colors)
+        ax.invert_yaxis()
+        ax.set_xlabel("GB/s (median)")
+        ax.set_title(f"{workload} {dest}")
+    fig.suptitle("Download throughput on one local nginx origin (agent in red)")
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+
+
 def main() -> None:
     results = BENCH / "results"
     runs = [json.loads(p.read_text()) for p in results.glob("startup-*.json")]

@@ -46,7 +46,7 @@ class Fakes:
     cdn_url: str
     hub: list[Seen] = field(default_factory=list)
     cdn: list[Seen] = field(default_factory=list)
-    flip: bool = False  # the CDN flips one byte of every blob it serves
+    flip: str = ""  # the CDN flips one byte of the blob with this sha256
 
 
 async def _serve(app: web.Application) -> tuple[web.AppRunner, str]:
@@ -102,7 +102,7 @@ async def fakes() -> AsyncIterator[tuple[Fakes, dict[str, bytes]]]:
     async def blob(request: web.Request) -> web.StreamResponse:
         state.cdn.append(seen(request))
         data = blobs[request.match_info["sha"]]
-        if state.flip:
+        if state.flip == request.match_info["sha"]:
             data = data[:100] + bytes([data[100] ^ 0xFF]) + data[101:]
         rng = request.headers.get("Range")
         if rng is None:
@@ -163,10 +163,11 @@ async def test_weights_come_in_ranges_from_the_redirect_target_without_the_token
 async def test_a_flipped_byte_from_the_cdn_is_caught_and_nothing_is_kept(
     fakes: tuple[Fakes, dict[str, bytes]], tmp_path: Path
 ) -> None:
-    f, _ = fakes
-    f.flip = True
+    f, files = fakes
+    f.flip = hashlib.sha256(files["model.safetensors"]).hexdigest()
     req = request_for(tmp_path)
     with pytest.raises(SourceError) as err:
         await source(f).fetch(req)
     assert err.value.reason == "VerificationFailed"
-    assert not (req.staging / "model.safetensors").exists()
+    assert "model.safetensors" in str(err.value)
+    assert not (req.staging / "model.safetensors").exists()  # bytes that failed verification are not kept

@@ -1,0 +1,133 @@
+"""The agent as a benchmark peer: fetch a model through the project's own source classes, as the agent does.
+
+Role: one process per benchmark run, like every other peer. Modes:
+
+* ``s3``: :class:`model_agent.sources.s3.S3Source` on ``s3://<bucket>`` with the parameters a BaseModel
+  would carry (``endpoint``, ``anonymous: "true"``, ``addressingStyle: path``, ``region``), then the
+  shared :func:`~model_agent.sources.base.publish` into ``--dest`` — the same ``FetchRequest`` shape as
+  ``agent/reconciler.py`` builds (staging beside the destination, ``previous=None`` for a first fetch).
+* ``hf``: :class:`model_agent.sources.hf.HuggingFaceSource` with the Hub endpoint on ``hf://<repo>``, then
+  ``publish``. ``HF_HUB_DISABLE_XET=1`` is set before huggingface_hub is imported.
+* ``ranged``: the raw engine :class:`model_agent.sources.ranged.RangedDownloader` on plain HTTP URLs
+  (``--base-url``/``<file>``), through its public API only (``RangedDownloader(session, config)``,
+  ``RangedConfig``, ``Expected``, ``download()``), so a rewritten engine is picked up as is. Each file is
+  downloaded into ``<dest>/.staging/`` with its sha256 as the expected checksum and renamed into ``--dest``
+  once verified; up to 8 files at once (the S3 source's default), one engine (its slot pool is shared).
+
+A rerun with the same ``--dest`` resumes from the part maps left in staging (W4). With ``--idle`` the
+process imports and builds everything a fetch needs, then exits without a transfer: its peak RSS is the
+"idle" baseline of the memory target. Exit status: 0 fetched and verified, 3 ``VerificationFailed``,
+2 any other source error. One JSON line on stdout says what happened.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import resource
+import shutil
+import sys
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_DISABLE_XET", "1")
+os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+
+from model_agent.sources.base import FetchRequest, SourceError, publish
+
+# Each mode imports only what the agent would load for that source (the agent imports sources lazily too),
+# so start-up cost and idle memory are not inflated by the other sources' libraries.
+
+MAX_PARALLEL_FILES = 8
+
+
+def _request(uri: str, dest: Path, parameters: dict[str, str]) -> FetchRequest:
+    return FetchRequest(
+        storage_uri=uri, dest=dest, staging=dest.parent / f".staging-{dest.name}", previous=None, parameters=parameters
+    )
+
+
+async def fetch_s3(args: argparse.Namespace) -> int:
+    from model_agent.sources.s3 import S3Source, settings_for
+
+    params = {"endpoint": args.endpoint, "anonymous": "true", "addressingStyle": "path", "region": "us-east-1"}
+    request = _request(f"s3://{args.bucket}", args.dest, params)
+    source = S3Source()
+    if args.idle:
+        source.client(settings_for(request))  # boto3 imported and a client built, as before a first LIST
+        return 0
+    result = await source.fetch(request)
+    files = await asyncio.to_thread(publish, request, result)
+    return len(files)
+
+
+async def fetch_hf(args: argparse.Namespace) -> int:
+    from model_agent.sources.hf import HuggingFaceSource
+
+    request = _request(f"hf://{args.repo}", args.dest, {})
+    source = HuggingFaceSource(args.endpoint)
+    if args.idle:
+        return 0
+    result = await source.fetch(request)
+    files = await asyncio.to_thread(publish, request, result)
+    return len(files)
+
+
+async def fetch_ranged(args: argparse.Namespace) -> int:
+    import aiohttp
+
+    from model_agent.sources.ranged import Expected, RangedConfig, RangedDownloader
+
+    listing = json.loads(Path(args.listing).read_text())
+    staging = args.dest / ".staging"
+    config = RangedConfig()
+    async with aiohttp.ClientSession(auto_decompress=False, skip_auto_headers=("Accept-Encoding",)) as session:
+        engine = RangedDownloader(session, config)
+        if args.idle:
+            return 0
+        staging.mkdir(parents=True, exist_ok=True)  # inside dest, which is created too
+        gate = asyncio.Semaphore(MAX_PARALLEL_FILES)
+
+        async def one(entry: dict[str, object]) -> None:
+            path = str(entry["path"])
+            async with gate:
+                await engine.download(
+                    f"{args.base_url}/{path}",
+                    staging / path,
+                    Expected(size=int(str(entry["size"])), checksums={"sha256": str(entry["sha256"])}),
+                    label=path,
+                )
+            os.replace(staging / path, args.dest / path)
+
+        await asyncio.gather(*(one(e) for e in listing))
+    shutil.rmtree(staging)  # the completed part maps
+    return len(listing)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("mode", choices=["s3", "hf", "ranged"])
+    ap.add_argument("--dest", type=Path, required=True)
+    ap.add_argument("--endpoint", help="S3 endpoint URL (s3) or Hub endpoint URL (hf)")
+    ap.add_argument("--bucket", help="s3: the bucket (the whole bucket is fetched)")
+    ap.add_argument("--repo", help="hf: the repository id")
+    ap.add_argument("--base-url", help="ranged: URL prefix of the files")
+    ap.add_argument("--listing", help="ranged: JSON list of {path, size, sha256}")
+    ap.add_argument("--idle", action="store_true", help="set up everything, transfer nothing (memory baseline)")
+    args = ap.parse_args()
+    args.dest = args.dest.resolve()
+    run = {"s3": fetch_s3, "hf": fetch_hf, "ranged": fetch_ranged}[args.mode]
+    try:
+        count = asyncio.run(run(args))
+    except SourceError as exc:
+        print(json.dumps({"ok": False, "reason": exc.reason, "message": exc.message[:300]}))
+        return 3 if exc.reason == "VerificationFailed" else 2
+    rss_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    print(json.dumps({"ok": True, "files": count, "maxrss_mib": round(rss_mib, 1)}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
