@@ -59,10 +59,12 @@ import ctypes.util
 import email.utils
 import errno
 import hashlib
+import http.client
 import json
 import os
 import random
 import re
+import ssl
 import sys
 import threading
 import time
@@ -71,12 +73,14 @@ from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol, TypeVar
-
-import aiohttp
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from model_agent.local.capacity import Reservation, allocated_bytes, is_disk_full
 from model_agent.sources.base import SourceError
+from model_agent.sources.ranged_http import SlotTransport, tls_context
+
+if TYPE_CHECKING:
+    import aiohttp
 
 MiB = 1024 * 1024
 DEFAULT_PART_SIZE = 16 * MiB
@@ -106,6 +110,7 @@ class RangedConfig:
     connect_timeout_s: float = 30.0
     read_timeout_s: float = 60.0
     durable: bool = True  # fdatasync before a part is recorded as complete
+    ca_bundle: str | None = None  # PEM file of trusted CAs for HTTPS (else AWS_CA_BUNDLE, ...: see ranged_http)
 
     def __post_init__(self) -> None:
         if self.part_size < 1 or self.concurrency < 1 or self.write_buffer < 1 or self.max_attempts < 1:
@@ -285,9 +290,13 @@ class _Io:
 
     async def run(self, fn: Callable[..., _T], *args: Any) -> _T:
         fut = _executor().submit(fn, *args)
+        self.track(fut)
+        return await asyncio.wrap_future(fut)
+
+    def track(self, fut: concurrent.futures.Future[Any]) -> None:
+        """Count ``fut`` (work that may use the descriptor) until it ends."""
         self._inflight.add(fut)
         fut.add_done_callback(self._inflight.discard)
-        return await asyncio.wrap_future(fut)
 
     async def drain(self) -> None:
         while self._inflight:
@@ -357,6 +366,15 @@ class _RangeIgnored(Exception):
     """The server answered a ranged GET with the whole body."""
 
 
+class _Stopped(Exception):
+    """A worker thread saw its request's cancellation flag."""
+
+
+# Failures of one request that are retried: answers asking for a retry, network and protocol errors. Disk errors
+# never reach here as OSError (they become SourceError where they happen).
+_TRANSIENT = (_Retry, OSError, http.client.HTTPException)
+
+
 _CONTENT_RANGE = re.compile(r"bytes\s+(\d+)-(\d+)/(\d+|\*)")
 
 
@@ -403,18 +421,45 @@ async def run_all(coros: Iterable[Any]) -> None:
 # ----------------------------------------------------------------------------------------------- engine
 
 
+@dataclass
+class _Slot:
+    """A part slot: its reused receive buffer and its keep-alive connection."""
+
+    buffer: bytearray
+    transport: SlotTransport
+
+
 class RangedDownloader:
     """Downloads files over HTTP with ranged GETs; one instance shares its part slots among its downloads.
 
-    The caller owns ``session`` (and closes it). Create the downloader inside the running event loop.
+    ``session`` is accepted for compatibility and not used (the transport is ``http.client`` in worker
+    threads, see :mod:`model_agent.sources.ranged_http`). Create the downloader inside the running event loop;
+    :meth:`close` (or ``async with``) closes its connections and threads.
     """
 
-    def __init__(self, session: aiohttp.ClientSession, config: RangedConfig | None = None) -> None:
+    def __init__(self, session: aiohttp.ClientSession | None = None, config: RangedConfig | None = None) -> None:
         self.session = session
         self.config = config or RangedConfig()
         self._slots = asyncio.Semaphore(self.config.concurrency)
-        self._buffers: list[bytearray] = []  # one write buffer per slot, reused across parts and files
+        self._free: list[_Slot] = []  # slots not in use: buffers and connections reused across parts and files
+        self._all: list[_Slot] = []
+        self._tls: ssl.SSLContext | None = None
+        self._threads = concurrent.futures.ThreadPoolExecutor(
+            max_workers=self.config.concurrency, thread_name_prefix="ranged-part"
+        )
         self._not_before = 0.0
+
+    async def __aenter__(self) -> RangedDownloader:
+        return self
+
+    async def __aexit__(self, *_exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Close idle connections and let the worker threads end; call when no download is running."""
+        for slot in self._all:
+            slot.transport.close()
+        self._threads.shutdown(wait=False)
 
     async def download(
         self,
@@ -432,8 +477,8 @@ class RangedDownloader:
 
         ``url`` may be a callable (plain or async), called for every request (e.g. to renew a presigned URL).
         ``headers`` may be a callable, called with each request's URL for headers to add (e.g. a signature).
-        ``on_bytes`` is called with the size of every write. ``reservation`` is shrunk by what the preallocation
-        takes.
+        ``on_bytes`` is called (in the event loop) with the size of every write. ``reservation`` is shrunk by
+        what the preallocation takes.
         """
         unknown = set(expected.checksums) - SUPPORTED_CHECKSUMS
         if unknown:
@@ -452,14 +497,22 @@ class RangedDownloader:
         return await job.run()
 
     @contextlib.asynccontextmanager
-    async def _slot(self) -> AsyncIterator[bytearray]:
-        """A part slot and its write buffer: memory is bounded by the slots, not by the files in progress."""
+    async def _slot(self) -> AsyncIterator[_Slot]:
+        """A part slot: memory and connections are bounded by the slots, not by the files in progress."""
         async with self._slots:
-            buf = self._buffers.pop() if self._buffers else bytearray(self.config.write_buffer)
+            slot = self._free.pop() if self._free else self._new_slot()
             try:
-                yield buf
+                yield slot
             finally:
-                self._buffers.append(buf)
+                self._free.append(slot)
+
+    def _new_slot(self) -> _Slot:
+        if self._tls is None:
+            self._tls = tls_context(self.config.ca_bundle)
+        cfg = self.config
+        slot = _Slot(bytearray(cfg.write_buffer), SlotTransport(self._tls, cfg.connect_timeout_s, cfg.read_timeout_s))
+        self._all.append(slot)
+        return slot
 
     # -- shared pause (Retry-After)
     def _pause(self, seconds: float) -> None:
@@ -469,6 +522,16 @@ class RangedDownloader:
         delay = self._not_before - time.monotonic()
         if delay > 0:
             await asyncio.sleep(delay)
+
+
+async def _settle(fut: concurrent.futures.Future[Any]) -> None:
+    """Wait until a thread's work has ended, whatever cancellations arrive meanwhile (its buffer is then free)."""
+    waiter = asyncio.wrap_future(fut)
+    while not fut.done():
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.wait([waiter])
+    with contextlib.suppress(BaseException):
+        waiter.result()
 
 
 class _Job:
@@ -509,9 +572,11 @@ class _Job:
         self.part_event = asyncio.Event()
         self.unrecorded: set[int] = set()
         self.flusher: asyncio.Task[None] | None = None
+        self.flushed = asyncio.Event()  # set after every map write (or its failure)
         self.flush_error: BaseException | None = None
         self.sequential = False  # single-stream mode (the server ignores Range)
         self.next_sequential = 0
+        self.loop = asyncio.get_running_loop()
 
     # ------------------------------------------------------------------ open / state
 
@@ -629,14 +694,17 @@ class _Job:
             fd, self.fd = self.fd, -1
             os.close(fd)
 
-    # ------------------------------------------------------------------ parts
+    # ------------------------------------------------------------------ parts and the part map
 
     async def _worker(self) -> None:
         while self.queue:
             i = self.queue.popleft()
-            async with self.dl._slot() as buf:
-                await self._fetch_part(i, buf)
-            self._part_done(i)
+            # The slot is held until the part is durably recorded: parts in flight plus parts completed but not
+            # yet in the map never exceed the slots, so a kill at any instant refetches <= concurrency parts.
+            async with self.dl._slot() as slot:
+                await self._fetch_part(i, slot)
+                self._part_done(i)
+                await self._recorded(i)
 
     def _part_done(self, i: int) -> None:
         self.state.mark(i)
@@ -649,6 +717,14 @@ class _Job:
             if self.flusher is None or self.flusher.done():
                 self.flusher = asyncio.ensure_future(self._flush_loop())
 
+    async def _recorded(self, i: int) -> None:
+        """Return once part ``i`` is in the map on disk (after the fdatasync of its bytes when durable)."""
+        while self.persist_progress and not self.recorded.is_done(i):
+            if self.flush_error is not None:
+                raise self.flush_error
+            self.flushed.clear()
+            await self.flushed.wait()
+
     async def _flush_loop(self) -> None:
         try:
             while self.unrecorded:
@@ -660,12 +736,15 @@ class _Job:
                     self.recorded.mark(i)
                 snapshot = self.recorded.copy()
                 await self.io.run(snapshot.save, self.state_path)
+                self.flushed.set()
         except asyncio.CancelledError:
             raise
         except OSError as exc:
             self.flush_error = _disk_error(self.label, exc, "recording progress")
         except Exception as exc:
             self.flush_error = exc
+        finally:
+            self.flushed.set()
 
     async def _flush_now(self) -> None:
         """Wait for a running map write, then record whatever is still unrecorded."""
@@ -677,7 +756,9 @@ class _Job:
         if self.flush_error is not None:
             raise self.flush_error
 
-    async def _fetch_part(self, i: int, buf: bytearray) -> None:
+    # ------------------------------------------------------------------ requests
+
+    async def _fetch_part(self, i: int, slot: _Slot) -> None:
         start = i * self.state.part_size
         span = _Span(start, min(self.size, start + self.state.part_size))
         failures = 0
@@ -685,8 +766,8 @@ class _Job:
             await self.dl._wait_turn()
             before = span.pos
             try:
-                await self._stream(span, buf, whole=(span.pos == 0 and span.end == self.size))
-            except (_Retry, aiohttp.ClientError, TimeoutError) as exc:
+                await self._stream(span, slot, whole=(span.pos == 0 and span.end == self.size))
+            except _TRANSIENT as exc:
                 if span.pos >= span.end:
                     return
                 failures = 1 if span.pos > before else failures + 1
@@ -704,13 +785,8 @@ class _Job:
         url = self.url()
         return url if isinstance(url, str) else await url
 
-    def _timeout(self) -> aiohttp.ClientTimeout:
-        return aiohttp.ClientTimeout(
-            total=None, sock_connect=self.cfg.connect_timeout_s, sock_read=self.cfg.read_timeout_s
-        )
-
-    async def _stream(self, span: _Span, buf: bytearray, *, whole: bool) -> None:
-        """One GET for ``span``; advances ``span.pos`` past every byte written, even when it fails midway."""
+    async def _stream(self, span: _Span, slot: _Slot, *, whole: bool) -> None:
+        """One GET for ``span`` in the slot's thread; advances ``span.pos`` past every byte written."""
         self.requests += 1
         url = await self._request_url()
         headers = dict(self.headers(url) if callable(self.headers) else self.headers)
@@ -718,50 +794,66 @@ class _Job:
             headers["Range"] = f"bytes={span.pos}-{span.end - 1}"
         if self.expected.validator:
             headers["If-Match"] = self.expected.validator
-        async with self.dl.session.get(url, headers=headers, timeout=self._timeout()) as resp:
-            self._check(resp, span, whole=whole)
-            await self._copy_body(resp, span, buf)
-
-    async def _copy_body(self, resp: aiohttp.ClientResponse, span: _Span, buf: bytearray) -> None:
-        view = memoryview(buf)
-        filled = 0
+        stop = threading.Event()
+        fut = self.dl._threads.submit(self._request, slot, url, headers, span, whole, stop)
+        self.io.track(fut)
         try:
-            async for chunk in resp.content.iter_any():
-                data = memoryview(chunk)
-                room = span.end - span.pos - filled
-                if len(data) > room:
-                    data = data[:room]  # never write past the span, whatever the server sends
-                while data:
-                    take = min(len(data), len(buf) - filled)
-                    view[filled : filled + take] = data[:take]
-                    filled += take
-                    data = data[take:]
-                    if filled == len(buf):
-                        await self._write(view[:filled], span)
-                        filled = 0
-                if span.pos + filled >= span.end:
-                    break
+            await asyncio.wrap_future(fut)
+        except asyncio.CancelledError:
+            # The thread notices within one buffer (the flag) or at once when blocked on the socket (shutdown).
+            stop.set()
+            slot.transport.abort()
+            await _settle(fut)
+            raise
+
+    def _request(
+        self, slot: _Slot, url: str, headers: dict[str, str], span: _Span, whole: bool, stop: threading.Event
+    ) -> None:
+        """Worker thread: send the GET, check the answer, copy the body to the file."""
+        try:
+            key = slot.transport.key_of(url)
+            resp = slot.transport.get(url, headers)
+        except ValueError as exc:
+            raise SourceError("BadRequest", f"{self.label}: {exc}") from None
+        except ssl.SSLCertVerificationError as exc:
+            raise SourceError("TLSError", f"{self.label}: certificate not trusted ({exc.verify_message})") from None
+        reusable = False
+        try:
+            self._check(resp, span, whole=whole)
+            self._copy_body(resp, span, slot.buffer, stop)
+            reusable = resp.isclosed()  # read to its end: the connection can carry the next request
         finally:
-            if filled:  # keep what arrived before a failure: the retry starts after it
-                await self._write(view[:filled], span)
+            if not reusable:
+                slot.transport.drop(key)
+
+    def _copy_body(self, resp: http.client.HTTPResponse, span: _Span, buf: bytearray, stop: threading.Event) -> None:
+        view = memoryview(buf)
+        while span.pos < span.end:
+            if stop.is_set():
+                raise _Stopped()  # the awaiting task was cancelled and waits for this thread to let go
+            # readinto fills the buffer straight from the socket; never past the span, whatever the server sends.
+            n = resp.readinto(view[: min(len(view), span.end - span.pos)])
+            if not n:
+                break
+            try:
+                _pwrite_all(self.fd, view[:n], span.pos)
+            except OSError as exc:
+                raise _disk_error(self.label, exc, "writing") from exc
+            span.pos += n
+            self.loop.call_soon_threadsafe(self._wrote, n, span.pos)
         if span.pos < span.end:
             raise _Retry(f"the response ended {span.end - span.pos} bytes early")
 
-    async def _write(self, data: memoryview, span: _Span) -> None:
-        try:
-            await self.io.run(_pwrite_all, self.fd, data, span.pos)
-        except OSError as exc:
-            raise _disk_error(self.label, exc, "writing") from exc
-        span.pos += len(data)
-        self.fetched += len(data)
-        self.on_bytes(len(data))
+    def _wrote(self, n: int, pos: int) -> None:
+        self.fetched += n
+        self.on_bytes(n)
         if self.sequential:
-            self._passed(span.pos)
+            self._passed(pos)
 
-    def _check(self, resp: aiohttp.ClientResponse, span: _Span, *, whole: bool) -> None:
+    def _check(self, resp: http.client.HTTPResponse, span: _Span, *, whole: bool) -> None:
         status = resp.status
         if status == 206:
-            m = _CONTENT_RANGE.fullmatch(resp.headers.get("Content-Range", "").strip())
+            m = _CONTENT_RANGE.fullmatch((resp.getheader("Content-Range") or "").strip())
             if m is None:
                 raise SourceError("BadResponse", f"{self.label}: 206 without a usable Content-Range")
             first, last, total = int(m[1]), int(m[2]), m[3]
@@ -777,14 +869,14 @@ class _Job:
         if status == 200:
             if not whole:
                 raise _RangeIgnored()
-            length = resp.content_length
+            length = resp.length
             if length is not None and length != self.size:
                 raise SourceError(
                     "SourceChanged", f"{self.label}: the remote file is {length} bytes now, {self.size} were listed"
                 )
             return
         if status in (429, 503):
-            raise _Retry(f"HTTP {status}", parse_retry_after(resp.headers.get("Retry-After")))
+            raise _Retry(f"HTTP {status}", parse_retry_after(resp.getheader("Retry-After")))
         if status == 408 or status >= 500:
             raise _Retry(f"HTTP {status}")
         if status in (412, 416):
@@ -805,10 +897,10 @@ class _Job:
             await self.dl._wait_turn()
             span = _Span(0, self.size)
             try:
-                async with self.dl._slot() as buf:
-                    await self._stream(span, buf, whole=True)
+                async with self.dl._slot() as slot:
+                    await self._stream(span, slot, whole=True)
                 return
-            except (_Retry, aiohttp.ClientError, TimeoutError) as exc:
+            except _TRANSIENT as exc:
                 failures = 1 if span.pos > 0 else failures + 1
                 if failures >= self.cfg.max_attempts:
                     raise SourceError(

@@ -72,8 +72,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import aiohttp
-
 from model_agent.local.capacity import REGISTRY, CapacityRegistry, Reservation, allocated_bytes
 from model_agent.local.manifest import FileRecord
 from model_agent.model.uris import InvalidStorageUri, parse_s3_uri
@@ -521,11 +519,7 @@ class S3Source:
         results: dict[str, FileRecord] = {}
         presigner = _Presigner(client, settings.bucket, self.presign_expiry_s, PRESIGN_RENEW_S)
         gate = asyncio.Semaphore(self.max_parallel_files)
-        connector = aiohttp.TCPConnector(limit=self.ranged.concurrency * 2, ttl_dns_cache=300)
-        async with aiohttp.ClientSession(
-            connector=connector, auto_decompress=False, trust_env=True, skip_auto_headers=("Accept-Encoding",)
-        ) as session:
-            engine = RangedDownloader(session, self.ranged)
+        async with RangedDownloader(config=self.ranged) as engine:
 
             def on_bytes(n: int) -> None:
                 progress.completed_bytes += n
