@@ -9,21 +9,24 @@ How one file is fetched (:meth:`RangedDownloader.download`):
 
 * The file is cut into parts of ``part_size`` bytes; up to ``concurrency`` parts are in flight across *all*
   downloads of one :class:`RangedDownloader` (a shared slot pool), each one ``GET`` with ``Range`` (a file
-  of one part is fetched with a plain ``GET``). Each response is streamed in pieces into a reused
-  ``write_buffer``-sized buffer that is written at its offset with ``os.pwrite`` in a worker thread, so
-  memory is bounded by ``concurrency x write_buffer`` plus the HTTP client's socket buffers, whatever the
-  file or part size. The target is preallocated (``fallocate``, else ``ftruncate``) so a full disk shows up
-  before the transfer, not in the middle of it.
+  of one part is fetched with a plain ``GET``). A slot is a worker thread's turn, a reused
+  ``write_buffer``-sized buffer and a keep-alive connection (:mod:`model_agent.sources.ranged_http`:
+  stdlib ``http.client``, TLS trust and proxies). The thread ``readinto``-s the buffer straight from the
+  socket and ``os.pwrite``-s it at its offset: no allocation and no event-loop round trip per chunk, one
+  hand-off per request. Memory is bounded by ``concurrency x write_buffer`` plus socket buffers, whatever
+  the file or part size. The target is preallocated (``fallocate``, else ``ftruncate``) so a full disk
+  shows up before the transfer, not in the middle of it. With ``durable``, writeback of each buffer is
+  started as it is written (``sync_file_range``), so the fdatasync before a record finds little to do.
 * Progress is persisted in a *part map* (``state_path``, by default ``<file>.parts.json``): JSON with the
   size, part size, the source's validator (e.g. an ETag) and a bitmap of completed parts, replaced
   atomically (temp file + rename). A part is recorded only after its bytes were written and, with
   ``durable`` (default), ``fdatasync``-ed, so after a crash of the process or of the node the map never
-  claims bytes that are not on disk. Records are batched: while one map write is under way, parts that
-  complete are recorded by the next. On cancellation the map is brought up to date before returning.
-  A restart with the same size and validator resumes from the recorded parts only and fetches exactly
-  the others: a cancellation costs at most ``concurrency x part_size`` of transfer (the parts in flight);
-  a kill also the parts that completed while the last map write (its ``fdatasync``) was under way. A
-  different validator or size (the remote file changed) discards the progress.
+  claims bytes that are not on disk. Records are batched (parts that complete while one map write is under
+  way go into the next), and a part's slot is given back only once its record is written: parts in flight
+  plus parts completed but not yet recorded never exceed ``concurrency``, so a restart after a kill at any
+  instant fetches again at most ``concurrency x part_size``. A restart with the same size and validator
+  resumes from the recorded parts only and fetches exactly the others; a different validator or size (the
+  remote file changed) discards the progress.
 * A failed part is retried from the last byte written (not from its start): connection errors, timeouts,
   short bodies, 408 and 5xx with exponential backoff and jitter; 429 and 503 honour ``Retry-After``
   (seconds or HTTP date, capped), and pause every part of this downloader, not only the one that was
@@ -35,17 +38,21 @@ How one file is fetched (:meth:`RangedDownloader.download`):
 * Verification: the size always (the preallocated file and every ``Content-Range`` / ``Content-Length``
   must agree with the expected size); then sha256 (always; it is what the manifest keeps) and every
   checksum the source supplied (``md5``, ``sha1``, ``sha256``, ``crc32``) over the file. Hashing runs
-  beside the transfer over the contiguous prefix of completed parts (read back from the page cache), so
-  when parts finish roughly in order the hash is ready moments after the last byte. A mismatch deletes the
-  file and its map and raises ``VerificationFailed``. Then the file is fsynced and the map is rewritten as
-  *complete* with the digests, so a later call for the same size and validator returns at once.
+  beside the transfer, in a thread (hashlib releases the GIL), over the contiguous prefix of completed parts
+  read through a read-only mapping of the file (the page cache, not a second copy), so when parts finish
+  roughly in order the hash is ready moments after the last byte. A mismatch deletes the file and its map
+  and raises ``VerificationFailed``. Then the file is fsynced and the map is rewritten as *complete* with
+  the digests, so a later call for the same size and validator returns at once.
 * ENOSPC/EDQUOT while preallocating or writing raise ``InsufficientDisk``; the partial file and its map are
   kept for a resume once space is freed.
 
 Cancellation: :meth:`RangedDownloader.download` may be cancelled at any ``await``. It then stops its
-requests, waits for writes already handed to threads (so the file descriptor is never closed under a
-write), records the parts completed so far, and re-raises. Messages never contain the URL (presigned URLs
-carry credentials); they name the ``label`` the caller gives.
+requests (a worker thread sees its request's flag after each ``readinto``, and a thread blocked on the
+network is woken by shutting its socket down, so this takes milliseconds, not a read timeout), waits for
+every thread that may still use the file descriptor, records the parts completed so far, and re-raises.
+Messages never contain the URL (presigned URLs carry credentials); they name the ``label`` the caller gives.
+
+Measured (``bench/ranged.py``, ``bench/results/ranged.json``): see the defaults below.
 """
 
 from __future__ import annotations
@@ -602,7 +609,7 @@ class _Job:
         self.sequential = False  # single-stream mode (the server ignores Range)
         self.next_sequential = 0
         self.loop = asyncio.get_running_loop()
-        self.writeback = self.cfg.durable and os.environ.get("RANGED_WRITEBACK", "1") == "1"
+        self.writeback = self.cfg.durable
 
     # ------------------------------------------------------------------ open / state
 
