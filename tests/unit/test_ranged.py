@@ -635,6 +635,11 @@ async def test_https_verifies_against_the_given_ca_bundle(tmp_path: Path, monkey
             await engine(FAST).download(origin.url, tmp_path / "a", Expected(len(data)))
         assert err.value.reason == "TLSError"
         assert origin.ranges == []
+        with pytest.raises(SourceError) as err:
+            await engine(replace(FAST, ca_bundle=str(tmp_path / "missing.pem"))).download(
+                origin.url, tmp_path / "a", Expected(len(data))
+            )
+        assert err.value.reason == "TLSError" and "CA certificates" in err.value.message
         # Trusted through the configuration, and through AWS_CA_BUNDLE.
         got = await engine(replace(FAST, ca_bundle=str(cert))).download(
             origin.url, tmp_path / "b", Expected(len(data), digests(data))

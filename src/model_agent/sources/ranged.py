@@ -325,7 +325,12 @@ def _hash_mapped(fd: int, hasher: _Hasher, offset: int, length: int) -> None:
     instead of 0.7 CPU-s/GB of system time on top of the hash itself).
     """
     base = offset - offset % mmap.ALLOCATIONGRANULARITY
-    with mmap.mmap(fd, length + offset - base, prot=mmap.PROT_READ, offset=base) as mapped:
+    try:
+        mapped = mmap.mmap(fd, length + offset - base, prot=mmap.PROT_READ, offset=base)
+    except OSError:  # a filesystem that cannot map files: read (one more copy)
+        hasher.update(os.pread(fd, length, offset))
+        return
+    with mapped:
         mapped.madvise(mmap.MADV_WILLNEED)  # fault the window in in a few large steps, not page by page
         with memoryview(mapped) as view:
             hasher.update(view[offset - base :])
@@ -476,6 +481,7 @@ class RangedDownloader:
         self._free: list[_Slot] = []  # slots not in use: buffers and connections reused across parts and files
         self._all: list[_Slot] = []
         self._tls: ssl.SSLContext | None = None
+        self._tls_lock = threading.Lock()
         self._threads = concurrent.futures.ThreadPoolExecutor(
             max_workers=self.config.concurrency, thread_name_prefix="ranged-part"
         )
@@ -539,12 +545,21 @@ class RangedDownloader:
                 self._free.append(slot)
 
     def _new_slot(self) -> _Slot:
-        if self._tls is None:
-            self._tls = tls_context(self.config.ca_bundle)
         cfg = self.config
-        slot = _Slot(bytearray(cfg.write_buffer), SlotTransport(self._tls, cfg.connect_timeout_s, cfg.read_timeout_s))
+        transport = SlotTransport(self._tls_context, cfg.connect_timeout_s, cfg.read_timeout_s)
+        slot = _Slot(bytearray(cfg.write_buffer), transport)
         self._all.append(slot)
         return slot
+
+    def _tls_context(self) -> ssl.SSLContext:
+        """The one TLS context of this downloader, made at the first HTTPS connection (from a worker thread)."""
+        with self._tls_lock:
+            if self._tls is None:
+                try:
+                    self._tls = tls_context(self.config.ca_bundle)
+                except (OSError, ssl.SSLError) as exc:
+                    raise SourceError("TLSError", f"cannot load the trusted CA certificates: {exc}") from None
+            return self._tls
 
     # -- shared pause (Retry-After)
     def _pause(self, seconds: float) -> None:

@@ -30,7 +30,7 @@ import ssl
 import threading
 import urllib.parse
 import urllib.request
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 # A request that failed on a reused keep-alive connection before any response byte: the server had closed it.
@@ -91,7 +91,7 @@ def route_for(url: str) -> Route:
 class SlotTransport:
     """The connection(s) of one part slot; used by one thread at a time, aborted from any thread."""
 
-    def __init__(self, tls: ssl.SSLContext | None, connect_timeout_s: float, read_timeout_s: float) -> None:
+    def __init__(self, tls: Callable[[], ssl.SSLContext], connect_timeout_s: float, read_timeout_s: float) -> None:
         self._tls = tls
         self._connect_timeout = connect_timeout_s
         self._read_timeout = read_timeout_s
@@ -103,23 +103,27 @@ class SlotTransport:
         """Send ``GET url`` and return the response (headers read, body not yet)."""
         route = route_for(url)
         fresh = route.key not in self._conns
-        conn = self._conns.get(route.key) or self._connection(route)
-        self._conns[route.key] = conn
         try:
+            conn = self._conns.get(route.key) or self._connection(route)
+            self._conns[route.key] = conn
+            try:
+                return self._send(conn, route, headers)
+            except _STALE:
+                if fresh:
+                    raise
+                self.drop(route.key)
+            conn = self._connection(route)  # the idle connection had been closed by the server: once more
+            self._conns[route.key] = conn
             return self._send(conn, route, headers)
-        except _STALE:
-            self.drop(route.key)
-            if fresh:
-                raise
-        conn = self._connection(route)  # the idle connection had been closed by the server: once more
-        self._conns[route.key] = conn
-        return self._send(conn, route, headers)
+        except BaseException:
+            self.drop(route.key)  # a connection in an unknown state is never reused
+            raise
 
     def _connection(self, route: Route) -> http.client.HTTPConnection:
         host, port = route.proxy or (route.host, route.port)
         conn: http.client.HTTPConnection
         if route.scheme == "https":
-            conn = http.client.HTTPSConnection(host, port, timeout=self._connect_timeout, context=self._tls)
+            conn = http.client.HTTPSConnection(host, port, timeout=self._connect_timeout, context=self._tls())
             if route.proxy is not None:
                 conn.set_tunnel(route.host, route.port, headers=dict(route.proxy_headers))
         else:
