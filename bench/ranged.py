@@ -71,8 +71,13 @@ async def main():
     idle = rss_mib()
     r0 = resource.getrusage(resource.RUSAGE_SELF)
     t0 = time.perf_counter()
-    async with RangedDownloader(None, cfg) as dl:
-        got = await dl.download(url, dest, Expected(size, {"sha256": sha}), on_bytes=on_bytes)
+    if hasattr(RangedDownloader, "__aenter__"):
+        async with RangedDownloader(None, cfg) as dl:
+            got = await dl.download(url, dest, Expected(size, {"sha256": sha}), on_bytes=on_bytes)
+    else:  # the engine before the threaded transport (--src of an older tree) needs an aiohttp session
+        import aiohttp
+        async with aiohttp.ClientSession() as session:
+            got = await RangedDownloader(session, cfg).download(url, dest, Expected(size, {"sha256": sha}), on_bytes=on_bytes)
     wall = time.perf_counter() - t0
     r1 = resource.getrusage(resource.RUSAGE_SELF)
     assert got.digests["sha256"] == sha
@@ -222,6 +227,40 @@ def ceilings(dest_disk: Path, size: int, port: int) -> dict[str, float]:
     return {"disk_write_fsync_gb_s": round(disk, 3), "curl_one_stream_gb_s": round(curl, 3)}
 
 
+PEERS = {
+    "aria2c -x8 -s8 -k20M": [
+        "aria2c",
+        "-q",
+        "-x8",
+        "-s8",
+        "-k20M",
+        "--file-allocation=none",
+        "-d",
+        "{dir}",
+        "-o",
+        "out.bin",
+    ],
+    "curl": ["curl", "-s", "-o", "{dir}/out.bin"],
+}
+
+
+def run_peer(argv: list[str], url: str, workdir: Path, size: int) -> dict[str, Any]:
+    """One download by another tool (no hashing, no fsync): wall, and its user+sys and peak RSS via wait4."""
+    (workdir / "out.bin").unlink(missing_ok=True)
+    t0 = time.perf_counter()
+    proc = subprocess.Popen([a.format(dir=workdir) for a in argv] + [url])
+    _, status, usage = os.wait4(proc.pid, 0)
+    wall = time.perf_counter() - t0
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    assert proc.returncode == 0 and (workdir / "out.bin").stat().st_size == size
+    (workdir / "out.bin").unlink()
+    return {
+        "gb_s": round(size / wall / 1e9, 3),
+        "cpu_s_per_gb": round((usage.ru_utime + usage.ru_stime) / (size / 1e9), 2),
+        "maxrss_mib": round(usage.ru_maxrss / 1024, 1),
+    }
+
+
 def uptime() -> str:
     return Path("/proc/loadavg").read_text().strip()
 
@@ -270,6 +309,7 @@ def main() -> None:
         help="default, and/or release-at-completion (A/B: what holding a slot until its part is recorded costs)",
     )
     ap.add_argument("--resume", action="store_true", help="also measure SIGKILL at 50 %% and resume")
+    ap.add_argument("--peers", action="store_true", help="also run aria2c and curl (tmpfs only) each round")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "ranged.json"))
     args = ap.parse_args()
     size = args.size_mib * MiB
@@ -306,6 +346,7 @@ def main() -> None:
                 for v in args.variants.split(",")
             ]
             results: list[dict[str, Any]] = []
+            peers: list[dict[str, Any]] = []
             for rnd in range(args.rounds):
                 for dest_name, part_mib, conc, buf_kib, variant in grid:
                     got = run_child(
@@ -335,6 +376,14 @@ def main() -> None:
                     }
                     print(json.dumps(row), flush=True)
                     results.append(row)
+                if args.peers:
+                    for name, argv in PEERS.items():
+                        if shutil.which(argv[0]) is None:
+                            continue
+                        peer = {"round": rnd, "peer": name, "dest": "shm", **run_peer(argv, url, workdirs["shm"], size)}
+                        peer["load"] = uptime()
+                        print(json.dumps(peer), flush=True)
+                        peers.append(peer)
             resume = []
             if args.resume:
                 for dest_name in chosen:
@@ -371,6 +420,7 @@ def main() -> None:
         **info,
         "summary": table,
         "resume": resume,
+        "peers": peers,
         "runs": results,
     }
     Path(args.out).write_text(json.dumps(doc, indent=1) + "\n")
