@@ -301,7 +301,7 @@ def main() -> None:
     ap.add_argument("--disk-dir", default="/var/tmp")
     ap.add_argument("--parts", default="8,16,32,64", help="part sizes in MiB")
     ap.add_argument("--concurrency", default="2,4,8")
-    ap.add_argument("--buffers", default="1024", help="write buffer sizes in KiB")
+    ap.add_argument("--buffers", default="4096", help="write buffer sizes in KiB")
     ap.add_argument("--src", default=str(ROOT / "src"), help="the model_agent source tree to measure")
     ap.add_argument(
         "--variants",
