@@ -1,0 +1,175 @@
+"""Blocking HTTP(S) GETs for the ranged engine: one keep-alive connection per part slot, proxies, TLS trust.
+
+Role: the transport under :mod:`model_agent.sources.ranged`. Each part slot of a downloader owns one
+:class:`SlotTransport`, used by one worker thread at a time, so a connection is reused from part to part
+without locks or a shared pool. It is stdlib ``http.client`` on purpose: its response ``readinto`` fills a
+caller's buffer straight from the socket (no allocation per chunk), which is what makes a Python data path
+run at disk speed on two cores (``bench/ranged.py``).
+
+Decisions, stated once:
+
+* TLS: certificates are always verified. The trust store is, in order, the ``ca_bundle`` the caller gives,
+  ``AWS_CA_BUNDLE``, ``REQUESTS_CA_BUNDLE`` (each *replaces* the system roots, as in the AWS SDKs and
+  requests), else the system roots, which OpenSSL itself lets ``SSL_CERT_FILE`` / ``SSL_CERT_DIR`` override.
+* Proxies: ``HTTP_PROXY`` / ``HTTPS_PROXY`` / ``NO_PROXY`` (either case) as read by :mod:`urllib.request`.
+  A plain-HTTP URL is sent to the proxy in absolute form; an HTTPS URL goes through a ``CONNECT`` tunnel, so
+  the origin's certificate is still verified end to end. ``user:password@`` in the proxy URL becomes
+  ``Proxy-Authorization: Basic``.
+* A reused connection that the server had closed while idle fails before any response byte; the request is
+  then sent once more on a fresh connection, not counted as a failure.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import http.client
+import os
+import socket
+import ssl
+import threading
+import urllib.parse
+import urllib.request
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+# A request that failed on a reused keep-alive connection before any response byte: the server had closed it.
+_STALE = (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError, ConnectionAbortedError)
+
+
+def tls_context(ca_bundle: str | None = None) -> ssl.SSLContext:
+    """A verifying client context with the trust store described in the module docstring."""
+    bundle = ca_bundle or os.environ.get("AWS_CA_BUNDLE") or os.environ.get("REQUESTS_CA_BUNDLE") or None
+    return ssl.create_default_context(cafile=bundle)
+
+
+@dataclass(frozen=True)
+class Route:
+    """Where to connect for one URL and what to put on the request line."""
+
+    scheme: str
+    host: str  # the origin's host (Host header, TLS server name)
+    port: int
+    target: str  # path?query, or the absolute URL when a plain-HTTP proxy is used
+    proxy: tuple[str, int] | None  # connect here instead (and tunnel for HTTPS)
+    proxy_headers: tuple[tuple[str, str], ...] = ()
+
+    @property
+    def key(self) -> tuple[str, str, int, tuple[str, int] | None]:
+        return (self.scheme, self.host, self.port, self.proxy)
+
+
+def route_for(url: str) -> Route:
+    parts = urllib.parse.urlsplit(url)
+    scheme = parts.scheme.lower()
+    if scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError(f"not an http(s) URL (scheme {scheme!r})")
+    host = parts.hostname
+    port = parts.port or (443 if scheme == "https" else 80)
+    target = parts.path or "/"
+    if parts.query:
+        target = f"{target}?{parts.query}"
+    proxies = urllib.request.getproxies_environment()
+    proxy_url = proxies.get(scheme)
+    if not proxy_url or urllib.request.proxy_bypass(f"{host}:{port}"):
+        return Route(scheme, host, port, target, None)
+    proxy = urllib.parse.urlsplit(proxy_url if "://" in proxy_url else f"http://{proxy_url}")
+    if not proxy.hostname:
+        return Route(scheme, host, port, target, None)
+    headers: tuple[tuple[str, str], ...] = ()
+    if proxy.username is not None:
+        user = urllib.parse.unquote(proxy.username)
+        password = urllib.parse.unquote(proxy.password or "")
+        token = base64.b64encode(f"{user}:{password}".encode()).decode()
+        headers = (("Proxy-Authorization", f"Basic {token}"),)
+    if scheme == "http":
+        authority = host if port == 80 else f"{host}:{port}"
+        target = f"http://{authority}{target}"
+    return Route(scheme, host, port, target, (proxy.hostname, proxy.port or 8080), headers)
+
+
+class SlotTransport:
+    """The connection(s) of one part slot; used by one thread at a time, aborted from any thread."""
+
+    def __init__(self, tls: Callable[[], ssl.SSLContext], connect_timeout_s: float, read_timeout_s: float) -> None:
+        self._tls = tls
+        self._connect_timeout = connect_timeout_s
+        self._read_timeout = read_timeout_s
+        self._conns: dict[tuple[str, str, int, tuple[str, int] | None], http.client.HTTPConnection] = {}
+        self._active: socket.socket | None = None
+        self._lock = threading.Lock()
+
+    def get(self, url: str, headers: Mapping[str, str]) -> http.client.HTTPResponse:
+        """Send ``GET url`` and return the response (headers read, body not yet)."""
+        route = route_for(url)
+        fresh = route.key not in self._conns
+        try:
+            conn = self._conns.get(route.key) or self._connection(route)
+            self._conns[route.key] = conn
+            try:
+                return self._send(conn, route, headers)
+            except _STALE:
+                if fresh:
+                    raise
+                self.drop(route.key)
+            conn = self._connection(route)  # the idle connection had been closed by the server: once more
+            self._conns[route.key] = conn
+            return self._send(conn, route, headers)
+        except BaseException:
+            self.drop(route.key)  # a connection in an unknown state is never reused
+            raise
+
+    def _connection(self, route: Route) -> http.client.HTTPConnection:
+        host, port = route.proxy or (route.host, route.port)
+        conn: http.client.HTTPConnection
+        if route.scheme == "https":
+            conn = http.client.HTTPSConnection(host, port, timeout=self._connect_timeout, context=self._tls())
+            if route.proxy is not None:
+                conn.set_tunnel(route.host, route.port, headers=dict(route.proxy_headers))
+        else:
+            conn = http.client.HTTPConnection(host, port, timeout=self._connect_timeout)
+        return conn
+
+    def _send(
+        self, conn: http.client.HTTPConnection, route: Route, headers: Mapping[str, str]
+    ) -> http.client.HTTPResponse:
+        if conn.sock is None:
+            conn.connect()
+            assert conn.sock is not None
+            conn.sock.settimeout(self._read_timeout)
+        with self._lock:
+            self._active = conn.sock
+        # skip_host/skip_accept_encoding: we send Host ourselves and never ask for a compressed body.
+        conn.putrequest("GET", route.target, skip_host=True, skip_accept_encoding=True)
+        default_port = 443 if route.scheme == "https" else 80
+        conn.putheader("Host", route.host if route.port == default_port else f"{route.host}:{route.port}")
+        if route.scheme == "http":
+            for name, value in route.proxy_headers:
+                conn.putheader(name, value)
+        for name, value in headers.items():
+            conn.putheader(name, value)
+        conn.endheaders()
+        return conn.getresponse()
+
+    def key_of(self, url: str) -> tuple[str, str, int, tuple[str, int] | None]:
+        return route_for(url).key
+
+    def drop(self, key: tuple[str, str, int, tuple[str, int] | None]) -> None:
+        """Close the connection for ``key`` (its response was not read to the end: it cannot be reused)."""
+        conn = self._conns.pop(key, None)
+        with self._lock:
+            self._active = None
+        if conn is not None:
+            conn.close()
+
+    def abort(self) -> None:
+        """Wake a thread blocked on this slot's socket (called from another thread on cancellation)."""
+        with self._lock:
+            sock = self._active
+        if sock is not None:
+            with contextlib.suppress(OSError):  # already closed or never connected: nothing to wake
+                sock.shutdown(socket.SHUT_RDWR)
+
+    def close(self) -> None:
+        for key in list(self._conns):
+            self.drop(key)
