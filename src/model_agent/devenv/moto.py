@@ -41,7 +41,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from model_agent.devenv.service import ManagedService, wait_until_answering
+from model_agent.devenv.service import ManagedService, stop_process, wait_until_answering
 
 if TYPE_CHECKING:
     from types_boto3_s3.client import S3Client
@@ -154,13 +154,7 @@ class MotoServer(ManagedService):
     def stop(self) -> None:
         """SIGTERM, then SIGKILL after ``stop_timeout``. Idempotent."""
         proc, self._proc = self._proc, None
-        if proc is not None and proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(timeout=self.stop_timeout)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(timeout=self.stop_timeout)
+        stop_process(proc, signal.SIGTERM, self.stop_timeout)
         self.port = 0
 
     def reset(self) -> None:

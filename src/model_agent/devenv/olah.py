@@ -63,7 +63,7 @@ from pathlib import Path, PurePosixPath
 from aiohttp import web
 
 from model_agent.devenv.countingproxy import CountingProxy, ServedRequest
-from model_agent.devenv.service import ManagedService, wait_until_answering
+from model_agent.devenv.service import ManagedService, stop_process, wait_until_answering
 
 OLAH_VERSION = "0.5.4"
 OLAH_REQUIREMENT = f"olah=={OLAH_VERSION}"
@@ -482,13 +482,7 @@ class OlahServer(ManagedService):
         if self._proxy is not None:
             self._proxy.stop()
         proc, self._proc = self._proc, None
-        if proc is not None and proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(timeout=self.stop_timeout)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(timeout=self.stop_timeout)
+        stop_process(proc, signal.SIGTERM, self.stop_timeout)
         self._olah_port = 0
 
     @property

@@ -76,6 +76,17 @@ class ManagedService:
         await self.astop()
 
 
+def stop_process(proc: subprocess.Popen[bytes] | None, sig: int = signal.SIGTERM, timeout: float = 10.0) -> None:
+    """Send ``sig``, then SIGKILL after ``timeout`` seconds; nothing when the process already ended."""
+    if proc is not None and proc.poll() is None:
+        proc.send_signal(sig)
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=timeout)
+
+
 def free_port() -> int:
     """A loopback TCP port that was free a moment ago (the caller retries when it is taken meanwhile)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
@@ -153,11 +164,5 @@ class LocalProcess(ManagedService):
 
     def stop(self) -> None:
         proc, self._proc = self._proc, None
-        if proc is not None and proc.poll() is None:
-            proc.send_signal(self.stop_signal)
-            try:
-                proc.wait(timeout=self.stop_timeout)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(timeout=self.stop_timeout)
+        stop_process(proc, self.stop_signal, self.stop_timeout)
         self.port = 0
