@@ -113,6 +113,7 @@ async def test_kill_mid_download_resumes_and_refetches_at_most_the_parts_in_flig
         served_total = proxy.bytes_sent(f"/{key}")
 
     refetched = served_total - SIZE
+    print(f"kill -9 at {served_before_kill} of {SIZE} bytes served; {refetched} bytes fetched again after the restart")
     assert 0 <= refetched <= IN_FLIGHT * PART, (
         f"served {served_total} bytes for a {SIZE}-byte object ({served_before_kill} before the kill): "
         f"{refetched} fetched again, more than {IN_FLIGHT} parts in flight x {PART} bytes"
