@@ -27,7 +27,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
 from model_agent.local.capacity import CapacityRegistry, DiskReserve, DiskUsage
-from model_agent.sources import ranged
+from model_agent.sources import ranged, ranged_splice
 from model_agent.sources.base import SourceError
 from model_agent.sources.ranged import Expected, RangedConfig, RangedDownloader, parse_retry_after
 from tests.support.waiting import eventually
@@ -144,6 +144,14 @@ def engine(config: RangedConfig) -> RangedDownloader:
     return dl
 
 
+@pytest.fixture(autouse=True, params=["splice", "copy"])
+def receive_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Every test runs over both receive paths: splice(2) (plain HTTP on Linux) and copying through a buffer."""
+    if request.param == "copy":
+        monkeypatch.setattr(ranged_splice, "SUPPORTED", False)
+    return str(request.param)
+
+
 @pytest.fixture(autouse=True)
 def _close_engines() -> Iterator[None]:
     yield
@@ -196,6 +204,42 @@ async def test_parallel_download_is_byte_identical_and_verified(tmp_path: Path) 
     assert origin.bytes_sent == len(data)
     state = json.loads(Path(f"{dest}.parts.json").read_bytes())
     assert state["complete"] is True and state["digests"]["sha256"] == digests(data)["sha256"]
+
+
+async def test_plain_http_bodies_take_the_receive_path_chosen(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, receive_path: str
+) -> None:
+    """On Linux a plain-HTTP body is spliced from the socket into the file; only http.client's few KiB of
+    read-ahead past the headers go through a buffer. With splice off, every byte is copied."""
+    data = os.urandom(3 * MiB)
+    copied = spliced = 0
+    real_pwrite, real_splice = ranged._pwrite_all, ranged_splice.write_from_pipe
+
+    def counting_pwrite(fd: int, view: memoryview, offset: int) -> None:
+        nonlocal copied
+        copied += len(view)
+        real_pwrite(fd, view, offset)
+
+    def counting_splice(pipe_fd: int, fd: int, count: int, pos: int) -> int:
+        nonlocal spliced
+        n = real_splice(pipe_fd, fd, count, pos)
+        spliced += n
+        return n
+
+    monkeypatch.setattr(ranged, "_pwrite_all", counting_pwrite)
+    monkeypatch.setattr(ranged_splice, "write_from_pipe", counting_splice)
+    origin = await origin_for(data)
+    try:
+        got = await engine(FAST).download(origin.url, tmp_path / "f", Expected(len(data), digests(data)))
+    finally:
+        await origin.stop()
+    assert got.digests == digests(data)
+    assert copied + spliced == len(data)
+    if receive_path == "splice" and sys.platform.startswith("linux"):
+        parts = len(data) // FAST.part_size
+        assert copied <= parts * 8 * KiB  # at most http.client's read-ahead per response
+    else:
+        assert spliced == 0
 
 
 async def test_completed_file_is_not_fetched_again(tmp_path: Path) -> None:
@@ -394,24 +438,29 @@ async def test_disk_full_mid_download_keeps_the_partial(tmp_path: Path, monkeypa
     cfg = RangedConfig(part_size=256 * KiB, concurrency=1, write_buffer=64 * KiB)
     origin = await origin_for(data)
     dest = tmp_path / "f"
-    real = ranged._pwrite_all
-    calls = 0
+    real_pwrite, real_splice = ranged._pwrite_all, ranged_splice.write_from_pipe
+    full_from = 5 * cfg.part_size  # the disk is full for every byte from part 5 on
 
     def filling(fd: int, view: memoryview, offset: int) -> None:
-        nonlocal calls
-        calls += 1
-        if calls > 20:  # five parts of four writes each, then the disk is full
+        if offset >= full_from:
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-        real(fd, view, offset)
+        real_pwrite(fd, view, offset)
+
+    def filling_splice(pipe_fd: int, fd: int, count: int, pos: int) -> int:
+        if pos >= full_from:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return real_splice(pipe_fd, fd, count, pos)
 
     monkeypatch.setattr(ranged, "_pwrite_all", filling)
+    monkeypatch.setattr(ranged_splice, "write_from_pipe", filling_splice)
     try:
         with pytest.raises(SourceError) as err:
             await engine(cfg).download(origin.url, dest, Expected(len(data), digests(data)))
         assert err.value.reason == "InsufficientDisk"
         _, done = done_parts(Path(f"{dest}.parts.json"))
         assert done == [0, 1, 2, 3, 4]
-        monkeypatch.setattr(ranged, "_pwrite_all", real)
+        monkeypatch.setattr(ranged, "_pwrite_all", real_pwrite)
+        monkeypatch.setattr(ranged_splice, "write_from_pipe", real_splice)
         origin.bytes_sent = 0
         got = await engine(cfg).download(origin.url, dest, Expected(len(data), digests(data)))
     finally:

@@ -151,6 +151,11 @@ class SlotTransport:
         conn.endheaders()
         return conn.getresponse()
 
+    def active_socket(self) -> socket.socket | None:
+        """The socket of the request in progress (for reading its body without http.client)."""
+        with self._lock:
+            return self._active
+
     def key_of(self, url: str) -> tuple[str, str, int, tuple[str, int] | None]:
         return route_for(url).key
 
