@@ -14,10 +14,16 @@ Role: one process per benchmark run, like every other peer. Modes:
   downloaded into ``<dest>/.staging/`` with its sha256 as the expected checksum and renamed into ``--dest``
   once verified; up to 8 files at once (the S3 source's default), one engine (its slot pool is shared).
 
+``--no-hash`` (``ranged`` only, a measurement aid, never how the agent runs): the engine's hashing is
+replaced by a no-op, so the run measures the transfer alone (the CPU target "transfer alone <= 1.0 CPU-s/GB");
+files are then published unverified.
+
 A rerun with the same ``--dest`` resumes from the part maps left in staging (W4). With ``--idle`` the
 process imports and builds everything a fetch needs, then exits without a transfer: its peak RSS is the
 "idle" baseline of the memory target. Exit status: 0 fetched and verified, 3 ``VerificationFailed``,
-2 any other source error. One JSON line on stdout says what happened.
+2 any other source error. One JSON line on stdout says what happened, with ``fetch_user_s`` /
+``fetch_sys_s``: this process's CPU from just before the fetch to its end (interpreter start-up and imports
+excluded: a running agent pays those once, not per download).
 """
 
 from __future__ import annotations
@@ -76,15 +82,14 @@ async def fetch_hf(args: argparse.Namespace) -> int:
 
 
 async def fetch_ranged(args: argparse.Namespace) -> int:
-    import aiohttp
-
+    from model_agent.sources import ranged
     from model_agent.sources.ranged import Expected, RangedConfig, RangedDownloader
 
     listing = json.loads(Path(args.listing).read_text())
     staging = args.dest / ".staging"
-    config = RangedConfig()
-    async with aiohttp.ClientSession(auto_decompress=False, skip_auto_headers=("Accept-Encoding",)) as session:
-        engine = RangedDownloader(session, config)
+    if args.no_hash:
+        ranged._hash_mapped = lambda *_a: None  # type: ignore[assignment]  # the transfer alone (see above)
+    async with RangedDownloader(config=RangedConfig()) as engine:
         if args.idle:
             return 0
         staging.mkdir(parents=True, exist_ok=True)  # inside dest, which is created too
@@ -96,7 +101,10 @@ async def fetch_ranged(args: argparse.Namespace) -> int:
                 await engine.download(
                     f"{args.base_url}/{path}",
                     staging / path,
-                    Expected(size=int(str(entry["size"])), checksums={"sha256": str(entry["sha256"])}),
+                    Expected(
+                        size=int(str(entry["size"])),
+                        checksums={} if args.no_hash else {"sha256": str(entry["sha256"])},
+                    ),
                     label=path,
                 )
             os.replace(staging / path, args.dest / path)
@@ -116,16 +124,28 @@ def main() -> int:
     ap.add_argument("--base-url", help="ranged: URL prefix of the files")
     ap.add_argument("--listing", help="ranged: JSON list of {path, size, sha256}")
     ap.add_argument("--idle", action="store_true", help="set up everything, transfer nothing (memory baseline)")
+    ap.add_argument("--no-hash", action="store_true", help="ranged: skip hashing (measures the transfer alone)")
     args = ap.parse_args()
     args.dest = args.dest.resolve()
     run = {"s3": fetch_s3, "hf": fetch_hf, "ranged": fetch_ranged}[args.mode]
+    before = resource.getrusage(resource.RUSAGE_SELF)
     try:
         count = asyncio.run(run(args))
     except SourceError as exc:
         print(json.dumps({"ok": False, "reason": exc.reason, "message": exc.message[:300]}))
         return 3 if exc.reason == "VerificationFailed" else 2
-    rss_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    print(json.dumps({"ok": True, "files": count, "maxrss_mib": round(rss_mib, 1)}))
+    after = resource.getrusage(resource.RUSAGE_SELF)
+    print(
+        json.dumps(
+            {
+                "ok": True,
+                "files": count,
+                "maxrss_mib": round(after.ru_maxrss / 1024, 1),
+                "fetch_user_s": round(after.ru_utime - before.ru_utime, 3),
+                "fetch_sys_s": round(after.ru_stime - before.ru_stime, 3),
+            }
+        )
+    )
     return 0
 
 

@@ -163,6 +163,9 @@ class Bench:
             extra["requests"] = len(self.proxy.counters.requests)
         checked = check(out, files)
         cpu = measured.user_s + measured.sys_s
+        fetch_cpu = _agent_fetch_cpu(measured.output) if peer.name.startswith("agent-") else None
+        if fetch_cpu is not None:
+            extra["fetch_cpu_s_per_gb"] = round(fetch_cpu / (size / 1e9), 3)
         row: dict[str, Any] = {
             "kind": "run",
             "suite": self.suite,
@@ -231,6 +234,26 @@ def _machine() -> dict[str, Any]:
         "python": platform.python_version(),
         "load_start": [round(x, 2) for x in os.getloadavg()],
     }
+
+
+def _tool_limits(specs: list[str]) -> dict[str, set[str]]:
+    limits: dict[str, set[str]] = {}
+    for spec in specs:
+        workload, _, tools = spec.partition(":")
+        limits[workload] = set(tools.split(","))
+    return limits
+
+
+def _agent_fetch_cpu(output: str) -> float | None:
+    """CPU seconds of the fetch itself, from agent_fetch.py's JSON line (start-up and imports excluded)."""
+    for line in reversed(output.splitlines()):
+        if line.startswith("{") and "fetch_user_s" in line:
+            try:
+                doc = json.loads(line)
+                return float(doc["fetch_user_s"]) + float(doc["fetch_sys_s"])
+            except (ValueError, KeyError):
+                return None
+    return None
 
 
 def _idle_rss(bench: Bench) -> dict[str, float]:
@@ -321,6 +344,7 @@ def _measure_all(
             suite["ceilings_start"] = download_ceilings.measure(work / "dest", **ceiling_args)
         suite["idle_rss_mib"] = _idle_rss(bench)
         rows: list[dict[str, Any]] = []
+        limits = _tool_limits(args.limit)
         with results.open("a") as sink:
             for round_no in range(1, args.rounds + 1):
                 shift = (round_no - 1) % len(tools)
@@ -329,6 +353,10 @@ def _measure_all(
                     for dest in (d for d in workload.dests if d in dests):
                         for peer in order:
                             if args.smoke and workload.fault and peer.name not in SMOKE_FAULT_TOOLS:
+                                continue
+                            if peer.workloads is not None and workload.name not in peer.workloads:
+                                continue
+                            if workload.name in limits and peer.name not in limits[workload.name]:
                                 continue
                             row = bench.one(workload, dest, peer, round_no)
                             rows.append(row)
@@ -368,6 +396,13 @@ def main() -> int:
         p.add_argument("--workloads")
         p.add_argument("--dests", default="tmpfs,disk")
         p.add_argument("--tools", default="", help="comma-separated subset of: " + ",".join(x.name for x in PEERS))
+        p.add_argument(
+            "--limit",
+            action="append",
+            default=[],
+            metavar="W:TOOLS",
+            help="run workload W with these tools only, e.g. W2:agent-hf,hf-download (repeatable)",
+        )
         p.add_argument("--big-mib", type=int)
         p.add_argument("--shard-mib", type=int, default=1024)
         p.add_argument("--shards", type=int)

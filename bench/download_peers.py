@@ -50,6 +50,7 @@ class Peer:
     command: Callable[[Job], Command]
     version: Callable[[], str]
     resumes: bool = False  # documented ability to continue a killed download (for the W4 table)
+    workloads: tuple[str, ...] | None = None  # the workloads it takes part in (None: all)
 
 
 def _first_line(argv: list[str]) -> str:
@@ -142,9 +143,9 @@ def _inline(script: str) -> Callable[[Job], Command]:
     return command
 
 
-def _agent(mode: str) -> Callable[[Job], Command]:
+def _agent(mode: str, *flags: str) -> Callable[[Job], Command]:
     def command(job: Job) -> Command:
-        argv = [sys.executable, str(AGENT_FETCH), mode, "--dest", str(job.out)]
+        argv = [sys.executable, str(AGENT_FETCH), mode, "--dest", str(job.out), *flags]
         if mode == "s3":
             argv += ["--endpoint", job.base_url, "--bucket", job.bucket]
         elif mode == "hf":
@@ -185,6 +186,15 @@ PEERS: tuple[Peer, ...] = (
     Peer("agent-s3", "s3", sys.executable, _agent("s3"), _agent_version, resumes=True),
     Peer("agent-hf", "hub", sys.executable, _agent("hf"), _agent_version),
     Peer("agent-ranged", "plain", sys.executable, _agent("ranged"), _agent_version, resumes=True),
+    # The engine with hashing stubbed out: the "transfer alone" CPU target only (W1), never a throughput peer.
+    Peer(
+        "agent-ranged-nohash",
+        "plain",
+        sys.executable,
+        _agent("ranged", "--no-hash"),
+        _agent_version,
+        workloads=("W1",),
+    ),
 )
 AGENT_PEERS = tuple(p.name for p in PEERS if p.name.startswith("agent-"))
 
