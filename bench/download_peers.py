@@ -135,6 +135,49 @@ for key in sys.argv[4:]:
 """
 
 
+# performance.md section 3's "minimal Python ranged reader" (stdlib http.client, 4 threads, 16 MiB ranges,
+# readinto a reused 4 MiB buffer, os.pwrite; no hashing, no resume): the per-byte cost of this machine today.
+MINIMAL_READER = """
+import http.client, os, sys, threading, urllib.parse
+base, bucket, out = sys.argv[1:4]
+host = urllib.parse.urlsplit(base)
+PART = 16 << 20
+for key in sys.argv[4:]:
+    path = f"/plain/{bucket}/{key}"
+    conn = http.client.HTTPConnection(host.hostname, host.port)
+    conn.request("HEAD", path)
+    resp = conn.getresponse()
+    resp.read()
+    size = int(resp.getheader("Content-Length"))
+    fd = os.open(f"{out}/{key}", os.O_CREAT | os.O_WRONLY | os.O_TRUNC, 0o644)
+    os.ftruncate(fd, size)
+    starts = list(range(0, size, PART))
+    lock = threading.Lock()
+    def work():
+        conn = http.client.HTTPConnection(host.hostname, host.port)
+        view = memoryview(bytearray(4 << 20))
+        while True:
+            with lock:
+                if not starts:
+                    return
+                start = starts.pop(0)
+            end = min(size, start + PART)
+            conn.request("GET", path, headers={"Range": f"bytes={start}-{end - 1}"})
+            resp = conn.getresponse()
+            pos = start
+            while pos < end:
+                n = resp.readinto(view[: min(len(view), end - pos)])
+                if not n:
+                    raise SystemExit("short body")
+                os.pwrite(fd, view[:n], pos)
+                pos += n
+    threads = [threading.Thread(target=work) for _ in range(4)]
+    [t.start() for t in threads]
+    [t.join() for t in threads]
+    os.close(fd)
+"""
+
+
 def _inline(script: str) -> Callable[[Job], Command]:
     def command(job: Job) -> Command:
         argv = [sys.executable, "-c", script, job.base_url, job.bucket, str(job.out)]
@@ -182,6 +225,14 @@ PEERS: tuple[Peer, ...] = (
     Peer("rclone", "s3", "rclone", _rclone, lambda: _first_line(["rclone", "version"])),
     Peer("boto3-classic", "s3", sys.executable, _inline(BOTO3_CLASSIC), _py_version("boto3")),
     Peer("obstore", "s3", sys.executable, _inline(OBSTORE_GET), _py_version("obstore")),
+    Peer(
+        "py-minimal-reader",
+        "plain",
+        sys.executable,
+        _inline(MINIMAL_READER),
+        lambda: f"python {sys.version.split()[0]} (bench/download_peers.py)",
+        workloads=("W1",),
+    ),
     Peer("hf-download", "hub", str(VENV_BIN / "hf"), _hf, _py_version("huggingface_hub")),
     Peer("agent-s3", "s3", sys.executable, _agent("s3"), _agent_version, resumes=True),
     Peer("agent-hf", "hub", sys.executable, _agent("hf"), _agent_version),

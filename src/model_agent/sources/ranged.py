@@ -125,6 +125,8 @@ DEFAULT_CONCURRENCY = 8
 DEFAULT_WRITE_BUFFER = 4 * MiB
 HASH_BLOCK = 2 * MiB
 HASH_WINDOW = 8 * MiB  # mapped at a time while hashing beside the transfer (counts in RSS while mapped)
+HASH_STEP = 64 * MiB  # hashed per thread call (fewer event-loop round trips; a window at a time)
+PROGRESS_STEP = 16 * MiB  # spliced bytes are reported to the event loop in steps this large (fewer wake-ups)
 STATE_VERSION = 1
 SUPPORTED_CHECKSUMS = frozenset({"md5", "sha1", "sha256", "crc32"})
 
@@ -364,8 +366,16 @@ def _hash_mapped(fd: int, hasher: _Hasher, offset: int, length: int) -> None:
     """Feed ``length`` bytes of the file at ``offset`` to ``hasher`` straight from the page cache.
 
     A read-only mapping instead of ``pread``: it saves copying every byte once more (measured here: 0.2
-    instead of 0.7 CPU-s/GB of system time on top of the hash itself).
+    instead of 0.7 CPU-s/GB of system time on top of the hash itself). One window is mapped at a time.
     """
+    end = offset + length
+    while offset < end:
+        step = min(HASH_WINDOW, end - offset)
+        _hash_window(fd, hasher, offset, step)
+        offset += step
+
+
+def _hash_window(fd: int, hasher: _Hasher, offset: int, length: int) -> None:
     base = offset - offset % mmap.ALLOCATIONGRANULARITY
     try:
         mapped = mmap.mmap(fd, length + offset - base, prot=mmap.PROT_READ, offset=base)
@@ -1005,7 +1015,7 @@ class _Job:
             nonlocal unreported
             span.pos = pos + n
             unreported += n
-            if unreported >= self.cfg.write_buffer:  # progress in write-buffer steps, as the copying path
+            if unreported >= PROGRESS_STEP:
                 self._report(span.pos - unreported, unreported)
                 unreported = 0
 
@@ -1145,7 +1155,7 @@ class _Job:
                 self.part_event.clear()
                 await self.part_event.wait()
                 continue
-            length = min(HASH_WINDOW, limit - hashed)
+            length = min(HASH_STEP, limit - hashed)
             # each update releases the GIL: several algorithms use both cores
             await asyncio.gather(*(self.io.run(_hash_mapped, self.fd, h, hashed, length) for h in hashers))
             hashed += length
