@@ -19,6 +19,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import google_crc32c
 import pytest
 from aiohttp import web
 from cryptography import x509
@@ -170,7 +171,20 @@ def digests(data: bytes) -> dict[str, str]:
         "md5": hashlib.md5(data).hexdigest(),
         "sha256": hashlib.sha256(data).hexdigest(),
         "crc32": f"{zlib.crc32(data):08x}",
+        "crc32c": google_crc32c.Checksum(data).digest().hex(),
     }
+
+
+def test_crc32c_is_the_castagnoli_check_value() -> None:
+    # The CRC-32C check value of "123456789" (RFC 3720, B.4), through the engine's hasher in uneven pieces.
+    hasher = ranged._new_hasher("crc32c")
+    data = b"123456789" * (ranged.CRC32C_CHUNK // 3)
+    hasher.update(memoryview(data)[:5])
+    hasher.update(memoryview(data)[5:])
+    assert hasher.hexdigest() == google_crc32c.Checksum(data).digest().hex()
+    one = ranged._new_hasher("crc32c")
+    one.update(b"123456789")
+    assert one.hexdigest() == "e3069283"
 
 
 def done_parts(state_path: Path) -> tuple[int, list[int]]:
@@ -337,6 +351,22 @@ async def test_flipped_byte_is_detected(tmp_path: Path) -> None:
     assert err.value.reason == "VerificationFailed"
     assert "md5" in err.value.message and "sha256" in err.value.message
     assert not dest.exists() and not Path(f"{dest}.parts.json").exists()
+
+
+@pytest.mark.parametrize("algorithm", ["crc32c", "crc32", "md5"])
+async def test_a_flipped_byte_is_caught_by_each_checksum_alone(tmp_path: Path, algorithm: str) -> None:
+    """A source that publishes only this checksum (e.g. a composite GCS object: only CRC32C) still catches it."""
+    data = os.urandom(1 * MiB)
+    origin = await origin_for(data)
+    origin.flip_at = 123_457
+    dest = tmp_path / "f"
+    try:
+        with pytest.raises(SourceError) as err:
+            await engine(FAST).download(origin.url, dest, Expected(len(data), {algorithm: digests(data)[algorithm]}))
+    finally:
+        await origin.stop()
+    assert err.value.reason == "VerificationFailed" and algorithm in err.value.message
+    assert not dest.exists()
 
 
 async def test_changed_object_is_refused(tmp_path: Path) -> None:

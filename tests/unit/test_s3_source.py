@@ -90,6 +90,8 @@ def test_multipart_object_checks() -> None:
     assert expected_from_head(composite).checksums == {}
     full = {"ContentLength": 9, "ETag": '"abc-5"', "ChecksumCRC32": crc, "ChecksumType": "FULL_OBJECT"}
     assert expected_from_head(full).checksums == {"crc32": "01020304"}
+    full_c = {"ContentLength": 9, "ETag": '"abc-5"', "ChecksumCRC32C": crc, "ChecksumType": "FULL_OBJECT"}
+    assert expected_from_head(full_c).checksums == {"crc32c": "01020304"}
     md5 = hashlib.md5(b"all of it").digest()
     rclone = {"ContentLength": 9, "ETag": '"abc-5"', "Metadata": {"md5chksum": b64(md5)}}
     assert expected_from_head(rclone).checksums == {"md5": md5.hex()}

@@ -100,6 +100,7 @@ _CLIENT_CACHE_SIZE = 16
 # HEAD field, our algorithm name, hex length: checksums we can compute over a whole object.
 _WHOLE_OBJECT_CHECKSUMS = (
     ("ChecksumCRC32", "crc32", 8),
+    ("ChecksumCRC32C", "crc32c", 8),
     ("ChecksumSHA1", "sha1", 40),
     ("ChecksumSHA256", "sha256", 64),
 )
