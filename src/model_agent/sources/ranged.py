@@ -9,12 +9,16 @@ How one file is fetched (:meth:`RangedDownloader.download`):
 
 * The file is cut into parts of ``part_size`` bytes; up to ``concurrency`` parts are in flight across *all*
   downloads of one :class:`RangedDownloader` (a shared slot pool), each one ``GET`` with ``Range`` (a file
-  of one part is fetched with a plain ``GET``). A slot is a worker thread's turn, a reused
-  ``write_buffer``-sized buffer and a keep-alive connection (:mod:`model_agent.sources.ranged_http`:
-  stdlib ``http.client``, TLS trust and proxies). The thread ``readinto``-s the buffer straight from the
-  socket and ``os.pwrite``-s it at its offset: no allocation and no event-loop round trip per chunk, one
-  hand-off per request. Memory is bounded by ``concurrency x write_buffer`` plus socket buffers, whatever
-  the file or part size. The target is preallocated (``fallocate``, else ``ftruncate``) so a full disk
+  of one part is fetched with a plain ``GET``). A slot is a worker thread's turn and a keep-alive
+  connection (:mod:`model_agent.sources.ranged_http`: stdlib ``http.client``, TLS trust and proxies). On a
+  plain-HTTP connection (Linux) the body is spliced from the socket into the file through the slot's pipe
+  (:mod:`model_agent.sources.ranged_splice`): the bytes never enter Python and are copied once, not twice.
+  Otherwise (TLS, chunked bodies, other systems) the thread ``readinto``-s a reused ``write_buffer``-sized
+  buffer straight from the socket and ``os.pwrite``-s it at its offset: no allocation and no event-loop
+  round trip per chunk, one hand-off per request. Either way one thread writes to a file at a time (a
+  lock; parallel writers made the kernel spin on the inode lock), and progress reaches the event loop in
+  steps of megabytes. Memory is bounded by ``concurrency x (write_buffer or the 1 MiB pipe)`` plus socket
+  buffers, whatever the file or part size. The target is preallocated (``fallocate``, else ``ftruncate``) so a full disk
   shows up before the transfer, not in the middle of it. With ``durable``, writeback of each buffer is
   started as it is written (``sync_file_range``), so the fdatasync before a record finds little to do.
 * Progress is persisted in a *part map* (``state_path``, by default ``<file>.parts.json``): JSON with the
@@ -69,6 +73,15 @@ side by side hold better:
   vs 0.42 GB/s (4 MiB buffer) and 0.19 vs 0.32 GB/s (1 MiB) against releasing the slot at completion,
   on tmpfs 0.33 vs 0.41 GB/s. Measured SIGKILL at 50 % of 2 GiB: 52-62 MB fetched again with 16 MiB x 4
   (bound 64 MiB), 32 MiB with 8 MiB x 4 (bound 32 MiB).
+* zero-copy receive (2026-11-30, quiet box, 2 GiB from nginx to tmpfs, 16 MiB x 8; CPU of the download
+  only, per-thread ``/proc`` times; ``bench/download.py`` repeats it side by side with the peers): the
+  copying path 1.66 CPU-s/GB without hashing, 2.79 with sha256; splice + one writer per file 1.1-1.3
+  and 2.1-2.3. Of that, tmpfs page allocation is about 0.4 (any writer pays it: ``dd`` to ``/dev/shm``
+  costs 0.75), sha256 0.70 (SHA-NI), reading back through the mapping 0.15-0.2, the event loop 0.06. To
+  disk with fsync: 0.50-0.55 GB/s at 1.7-1.9 CPU-s/GB with sha256; holding a slot until its part is
+  recorded no longer costs throughput (0.50 vs 0.50-0.53 GB/s released at completion). The minimal reader
+  of ``performance.md`` (4 threads, readinto + pwrite) costs 1.7 CPU-s/GB on this box today (0.95 when
+  that table was written), ``curl`` 1.3.
 * the defaults (16 MiB x 8, 4 MiB buffer; load 4-6): tmpfs 0.29 GB/s (0.28-0.34) at 2.65 CPU-s/GB, disk
   with fsync 0.31 GB/s (0.17-0.34; ``dd conv=fsync`` did 0.29 GB/s then) at 3.4 CPU-s/GB, peak RSS 67 MiB
   (about 41 MiB over idle). The engine before this transport, 16 MiB x 4, tmpfs: 0.23 GB/s at 4.2 CPU-s/GB.
