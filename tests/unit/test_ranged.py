@@ -243,17 +243,20 @@ async def test_plain_http_bodies_take_the_receive_path_chosen(
     monkeypatch.setattr(ranged, "_pwrite_all", counting_pwrite)
     monkeypatch.setattr(ranged_splice, "write_from_pipe", counting_splice)
     origin = await origin_for(data)
+    dl = engine(FAST)
     try:
-        got = await engine(FAST).download(origin.url, tmp_path / "f", Expected(len(data), digests(data)))
+        got = await dl.download(origin.url, tmp_path / "f", Expected(len(data), digests(data)))
     finally:
         await origin.stop()
     assert got.digests == digests(data)
     assert copied + spliced == len(data)
+    buffers = [slot._buffer for slot in dl._all]
     if receive_path == "splice" and sys.platform.startswith("linux"):
         parts = len(data) // FAST.part_size
         assert copied <= parts * 8 * KiB  # at most http.client's read-ahead per response
+        assert buffers and all(b is None for b in buffers)  # no slot made a receive buffer it did not need
     else:
-        assert spliced == 0
+        assert spliced == 0 and all(b is not None for b in buffers)
 
 
 async def test_completed_file_is_not_fetched_again(tmp_path: Path) -> None:

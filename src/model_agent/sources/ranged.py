@@ -994,7 +994,8 @@ class _Job:
             sock = plain_socket(resp, slot.transport.active_socket()) if self.dl._splice else None
             if sock is not None:
                 self._splice_body(resp, sock, span, slot, stop)
-            self._copy_body(resp, span, slot.buffer(), stop)
+            if span.pos < span.end:  # (after a complete splice there is nothing to copy: no buffer is made)
+                self._copy_body(resp, span, slot.buffer(), stop)
             reusable = resp.isclosed()  # read to its end: the connection can carry the next request
         finally:
             if not reusable:
