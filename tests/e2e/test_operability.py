@@ -77,8 +77,10 @@ async def test_metrics_after_a_download_have_ome_names_and_ours(
 async def test_readyz_is_false_until_the_caches_sync(
     kube: Kube, make_agent: AgentFactory, proxy: FaultProxy, tmp_path: Path, unique: str
 ) -> None:
+    # The first LIST is held, then passes; 15 s leaves a slow start on a loaded machine time to answer /readyz
+    # while it is still held.
     gate = proxy.add_rule(
-        Rule(r"/apis/ome\.io/v1beta1/clusterbasemodels$", stall(4.0, then="forward"), verb="list", times=1)
+        Rule(r"/apis/ome\.io/v1beta1/clusterbasemodels$", stall(15.0, then="forward"), verb="list", times=1)
     )
     node = f"readyz-{unique}"
     await kube.create_node(node)
@@ -99,7 +101,13 @@ async def test_readyz_is_false_until_the_caches_sync(
                 return False
             return seen[-1] == 500
 
-        await eventually(answered_500, timeout=20, what="/readyz answering 500 while the LIST is stalled")
+        async def list_held() -> bool:
+            return gate.fired == 1
+
+        # /readyz is 500 from the start, before the LIST is even sent (it once was, and the check raced it):
+        # first see the LIST held at the proxy, then the 500 while it is.
+        await eventually(list_held, timeout=20, what="the agent's LIST of ClusterBaseModels held at the proxy")
+        await eventually(answered_500, timeout=10, what="/readyz answering 500 while the LIST is stalled")
         assert gate.fired == 1
         body = agent.http("/readyz?verbose")[1]
         assert "cache-clusterbasemodels failed: not synced yet" in body
