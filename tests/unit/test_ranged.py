@@ -14,7 +14,7 @@ import ssl
 import sys
 import time
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -341,35 +341,32 @@ async def test_persistent_5xx_gives_up_with_a_reason(tmp_path: Path) -> None:
     assert "127.0.0.1" not in err.value.message  # URLs (which may be presigned) never appear in messages
 
 
-async def test_flipped_byte_is_detected(tmp_path: Path) -> None:
+async def download_with_flip(tmp_path: Path, flip_at: int, checksums: Callable[[bytes], dict[str, str]]) -> SourceError:
+    """Download 1 MiB whose byte ``flip_at`` the origin flips; the engine's error (it must refuse the file)."""
     data = os.urandom(1 * MiB)
     origin = await origin_for(data)
-    origin.flip_at = 777_777
+    origin.flip_at = flip_at
     dest = tmp_path / "f"
     try:
         with pytest.raises(SourceError) as err:
-            await engine(FAST).download(origin.url, dest, Expected(len(data), digests(data)))
+            await engine(FAST).download(origin.url, dest, Expected(len(data), checksums(data)))
     finally:
         await origin.stop()
     assert err.value.reason == "VerificationFailed"
-    assert "md5" in err.value.message and "sha256" in err.value.message
     assert not dest.exists() and not Path(f"{dest}.parts.json").exists()
+    return err.value
+
+
+async def test_flipped_byte_is_detected(tmp_path: Path) -> None:
+    error = await download_with_flip(tmp_path, 777_777, digests)
+    assert "md5" in error.message and "sha256" in error.message
 
 
 @pytest.mark.parametrize("algorithm", ["crc32c", "crc32", "md5"])
 async def test_a_flipped_byte_is_caught_by_each_checksum_alone(tmp_path: Path, algorithm: str) -> None:
     """A source that publishes only this checksum (e.g. a composite GCS object: only CRC32C) still catches it."""
-    data = os.urandom(1 * MiB)
-    origin = await origin_for(data)
-    origin.flip_at = 123_457
-    dest = tmp_path / "f"
-    try:
-        with pytest.raises(SourceError) as err:
-            await engine(FAST).download(origin.url, dest, Expected(len(data), {algorithm: digests(data)[algorithm]}))
-    finally:
-        await origin.stop()
-    assert err.value.reason == "VerificationFailed" and algorithm in err.value.message
-    assert not dest.exists()
+    error = await download_with_flip(tmp_path, 123_457, lambda data: {algorithm: digests(data)[algorithm]})
+    assert algorithm in error.message
 
 
 async def test_changed_object_is_refused(tmp_path: Path) -> None:
