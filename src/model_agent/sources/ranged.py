@@ -126,6 +126,7 @@ from model_agent.sources.ranged_splice import (
     SplicePipe,
     SpliceUnsupported,
     plain_socket,
+    pwrite_all,
     splice_body,
 )
 
@@ -391,10 +392,7 @@ class _Io:
             await asyncio.to_thread(concurrent.futures.wait, list(self._inflight))
 
 
-def _pwrite_all(fd: int, data: memoryview, offset: int) -> None:
-    while data:
-        n = os.pwrite(fd, data, offset)
-        data, offset = data[n:], offset + n
+_pwrite_all = pwrite_all  # the copying path's writes (a name of this module: tests fill the disk through it)
 
 
 def _hash_mapped(fd: int, hasher: _Hasher, offset: int, length: int) -> None:

@@ -160,9 +160,13 @@ def _empty(pipe: SplicePipe) -> None:
 
 
 def _copy_out(pipe: SplicePipe, fd: int, pos: int, count: int) -> int:
-    view = memoryview(os.read(pipe.read_fd, count))
-    written = len(view)
-    while view:
-        n = os.pwrite(fd, view, pos)
-        view, pos = view[n:], pos + n
-    return written
+    data = os.read(pipe.read_fd, count)
+    pwrite_all(fd, memoryview(data), pos)
+    return len(data)
+
+
+def pwrite_all(fd: int, data: memoryview, offset: int) -> None:
+    """Write all of ``data`` at ``offset`` (``pwrite`` may write less than asked)."""
+    while data:
+        n = os.pwrite(fd, data, offset)
+        data, offset = data[n:], offset + n
