@@ -248,3 +248,11 @@ async def test_staged_files_of_an_unpublished_fetch_are_not_fetched_again(s3: Mo
     publish(req, second)
     assert (req.dest / "shards" / "big.bin").read_bytes() == BIG
     assert sorted(p.name for p in req.dest.rglob("*") if p.is_file()) == ["big.bin", "config.json", "model.safetensors"]
+
+
+async def test_objects_start_largest_first(s3: MotoServer, tmp_path: Path) -> None:
+    """One object at a time shows the order: a whole model does not end with a large file fetched alone."""
+    mark = s3.mark()
+    await source(max_parallel_files=1).fetch(request_for(s3, tmp_path, f"s3://{BUCKET}/tiny"))
+    keys = [g.removeprefix(f"/{BUCKET}/").split("?")[0] for g in object_gets(s3, mark)]
+    assert list(dict.fromkeys(keys)) == ["tiny/shards/big.bin", "tiny/model.safetensors", "tiny/config.json"]

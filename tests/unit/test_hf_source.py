@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 from aiohttp import web
 
+from model_agent.sources import hf as hf_module
 from model_agent.sources.base import FetchRequest, SourceError
 from model_agent.sources.hf import HuggingFaceSource
 from model_agent.sources.ranged import RangedConfig
@@ -60,6 +61,7 @@ async def _serve(app: web.Application) -> tuple[web.AppRunner, str]:
 @pytest.fixture
 async def fakes() -> AsyncIterator[tuple[Fakes, dict[str, bytes]]]:
     files = {
+        "adapter.safetensors": b"\x03" * (64 * KiB),  # listed first, smallest: fetched last
         "config.json": json.dumps({"architectures": ["LlamaForCausalLM"]}).encode(),
         "model.safetensors": bytes(range(256)) * (4 * KiB),  # 1 MiB: LFS, fetched in ranges
         "shards/part-2.safetensors": b"\x01\x02" * (100 * KiB),
@@ -171,3 +173,16 @@ async def test_a_flipped_byte_from_the_cdn_is_caught_and_nothing_is_kept(
     assert err.value.reason == "VerificationFailed"
     assert "model.safetensors" in str(err.value)
     assert not (req.staging / "model.safetensors").exists()  # bytes that failed verification are not kept
+
+
+async def test_weights_start_largest_first(
+    fakes: tuple[Fakes, dict[str, bytes]], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One file at a time shows the order: a whole model does not end with a large file fetched alone."""
+    monkeypatch.setattr(hf_module, "MAX_PARALLEL_FILES", 1)
+    f, files = fakes
+    await source(f).fetch(request_for(tmp_path))
+
+    by_blob = {hashlib.sha256(data).hexdigest(): path for path, data in files.items() if path.endswith(".safetensors")}
+    order = list(dict.fromkeys(by_blob[s.path.removeprefix("/blobs/")] for s in f.cdn))
+    assert order == ["model.safetensors", "shards/part-2.safetensors", "adapter.safetensors"]

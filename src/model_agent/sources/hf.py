@@ -51,6 +51,7 @@ from model_agent.sources.ranged import (
     RangedConfig,
     engine_session,
     gather_or_cancel,
+    largest_first,
     part_map_path,
     run_all,
 )
@@ -295,7 +296,7 @@ class HuggingFaceSource:
                 request.on_progress(progress)
                 return FileRecord(remote.path, remote.size, got.digests["sha256"], None)
 
-            return await gather_or_cancel(one(r) for r in files)
+            return await gather_or_cancel(one(r) for r in largest_first(files))
 
 
 def _refuse_unsafe_paths(repo: str, files: list[RemoteFile]) -> None:

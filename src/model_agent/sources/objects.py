@@ -46,6 +46,7 @@ from model_agent.sources.ranged import (
     UrlSource,
     engine_session,
     file_checksums,
+    largest_first,
     part_map_name,
     part_map_path,
     run_all,
@@ -317,5 +318,5 @@ async def download_each(
                     path=obj.path, size=get.expected.size, sha256=got.digests["sha256"], etag=get.expected.validator
                 )
 
-        await run_all(each(o) for o in objects)
+        await run_all(each(o) for o in largest_first(objects))
     return results

@@ -19,8 +19,9 @@ How one file is fetched (:meth:`RangedDownloader.download`):
   lock; parallel writers made the kernel spin on the inode lock), and progress reaches the event loop in
   steps of megabytes. Memory is bounded by ``concurrency x (write_buffer or the 1 MiB pipe)`` plus socket
   buffers, whatever the file or part size. The target is preallocated (``fallocate``, else ``ftruncate``) so a full disk
-  shows up before the transfer, not in the middle of it. With ``durable``, writeback of each buffer is
-  started as it is written (``sync_file_range``), so the fdatasync before a record finds little to do.
+  shows up before the transfer, not in the middle of it. Writeback is left to the kernel until the
+  fdatasync before a record: starting it per buffer (``sync_file_range``, tried until 2026-11-30) kept
+  the disk queue shallow and cost the whole model to disk 15-20 % (see the measurements below).
 * Progress is persisted in a *part map* (``state_path``, by default ``<file>.parts.json``): JSON with the
   size, part size, the source's validator (e.g. an ETag) and a bitmap of completed parts, replaced
   atomically (temp file + rename). A part is recorded only after its bytes were written and, with
@@ -82,6 +83,11 @@ side by side hold better:
   recorded no longer costs throughput (0.50 vs 0.50-0.53 GB/s released at completion). The minimal reader
   of ``performance.md`` (4 threads, readinto + pwrite) costs 1.7 CPU-s/GB on this box today (0.95 when
   that table was written), ``curl`` 1.3.
+* early writeback (2026-11-30, ``bench/download.py`` W1/W2 to disk with fsync, ``/proc/diskstats`` sampled
+  every 0.5 s): ``sync_file_range`` after every buffer kept the disk at 1.3-1.6 MiB per request and
+  0.30-0.37 GB/s; left to the kernel until each record's fdatasync, 2.2-2.8 MiB per request and 0.45-0.60
+  GB/s while several files are written. Whole model (Hub face) 0.35 -> 0.38-0.45 GB/s, 0.46-0.47 with the
+  largest files started first (:func:`largest_first`); one 2 GiB file unchanged (0.43-0.50 either way).
 * the defaults (16 MiB x 8, 4 MiB buffer; load 4-6): tmpfs 0.29 GB/s (0.28-0.34) at 2.65 CPU-s/GB, disk
   with fsync 0.31 GB/s (0.17-0.34; ``dd conv=fsync`` did 0.29 GB/s then) at 3.4 CPU-s/GB, peak RSS 67 MiB
   (about 41 MiB over idle). The engine before this transport, 16 MiB x 4, tmpfs: 0.23 GB/s at 4.2 CPU-s/GB.
@@ -152,6 +158,14 @@ UrlSource = str | Callable[[], str] | Callable[[], Awaitable[str]]
 # Extra request headers: fixed, or computed per request from its URL (request signing, e.g. OCI's).
 HeaderSource = Mapping[str, str] | Callable[[str], Mapping[str, str]]
 _T = TypeVar("_T")
+
+
+class _HasSize(Protocol):
+    @property
+    def size(self) -> int: ...
+
+
+_Sized = TypeVar("_Sized", bound=_HasSize)
 
 
 @dataclass(frozen=True)
@@ -430,26 +444,6 @@ if sys.platform.startswith("linux"):
         _libc_fallocate.restype = ctypes.c_int
 
 
-_libc_sync_file_range: Any = None
-if sys.platform.startswith("linux"):
-    with contextlib.suppress(OSError, AttributeError):
-        _libc_sync_file_range = _libc.sync_file_range
-        _libc_sync_file_range.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
-        _libc_sync_file_range.restype = ctypes.c_int
-_SYNC_FILE_RANGE_WRITE = 2
-
-
-def start_writeback(fd: int, offset: int, length: int) -> None:
-    """Ask the kernel to start writing these bytes to disk now, without waiting (``sync_file_range``).
-
-    Durable downloads fdatasync before every part record; with writeback started as the bytes arrive, that
-    fdatasync finds little left to write, so the slots it holds wait briefly. Best effort: errors are ignored
-    (the fdatasync that follows reports real ones).
-    """
-    if _libc_sync_file_range is not None:
-        _libc_sync_file_range(fd, offset, length, _SYNC_FILE_RANGE_WRITE)
-
-
 def preallocate(fd: int, size: int) -> None:
     """Reserve ``size`` bytes of disk for ``fd`` and set its length; ENOSPC is raised as OSError.
 
@@ -539,6 +533,12 @@ async def engine_session(config: RangedConfig) -> AsyncIterator[RangedDownloader
 async def run_all(coros: Iterable[Awaitable[Any]]) -> None:
     """Run the coroutines; on the first exception cancel the others, wait for them, and re-raise it."""
     await gather_or_cancel(coros)
+
+
+def largest_first(files: Iterable[_Sized]) -> list[_Sized]:
+    """The order to start files in when only some run at once: largest first, so what is left at the end is
+    small files rather than one large file fetched alone (a whole model to disk: 0.38-0.45 -> 0.46-0.47 GB/s)."""
+    return sorted(files, key=lambda f: f.size, reverse=True)
 
 
 async def gather_or_cancel(coros: Iterable[Awaitable[_T]]) -> list[_T]:
@@ -742,7 +742,6 @@ class _Job:
         self.sequential = False  # single-stream mode (the server ignores Range)
         self.next_sequential = 0
         self.loop = asyncio.get_running_loop()
-        self.writeback = self.cfg.durable
         # One writer to the file at a time: parallel writers contend for the inode lock and the kernel spins on
         # it (measured: 1.7 -> 1.6 CPU-s/GB copying to tmpfs, and most of the gain of splice on ext4).
         self.write_lock = threading.Lock()
@@ -1093,8 +1092,6 @@ class _Job:
 
     def _report(self, start: int, n: int) -> None:
         """Worker thread: ``n`` bytes from ``start`` are in the file."""
-        if self.writeback:
-            start_writeback(self.fd, start, n)
         self.loop.call_soon_threadsafe(self._wrote, n, start + n)
 
     def _wrote(self, n: int, pos: int) -> None:
