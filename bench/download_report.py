@@ -20,7 +20,7 @@ from typing import Any
 Row = dict[str, Any]
 MiB = 1024 * 1024
 THROUGHPUT_WORKLOADS = {"W1": "one large file", "W2": "whole model", "W3": "20 small files"}
-AGENT_TRANSFER = ("agent-s3", "agent-ranged")  # the agent's ranged data path (S3 source / raw engine)
+AGENT_TRANSFER = ("agent-s3", "agent-hf", "agent-ranged")  # the ranged engine behind each face (S3, Hub, raw)
 NO_HASH = "agent-ranged-nohash"  # the raw engine with hashing stubbed out: the transfer-alone CPU only
 
 
