@@ -83,11 +83,12 @@ side by side hold better:
   recorded no longer costs throughput (0.50 vs 0.50-0.53 GB/s released at completion). The minimal reader
   of ``performance.md`` (4 threads, readinto + pwrite) costs 1.7 CPU-s/GB on this box today (0.95 when
   that table was written), ``curl`` 1.3.
-* early writeback (2026-11-30, ``bench/download.py`` W1/W2 to disk with fsync, ``/proc/diskstats`` sampled
-  every 0.5 s): ``sync_file_range`` after every buffer kept the disk at 1.3-1.6 MiB per request and
+* early writeback (2026-11-30, ``bench/download.py`` W1/W2 to disk with fsync, the disk sampled by
+  ``bench/diskstats.py``): ``sync_file_range`` after every buffer kept the disk at 1.3-1.6 MiB per request and
   0.30-0.37 GB/s; left to the kernel until each record's fdatasync, 2.2-2.8 MiB per request and 0.45-0.60
   GB/s while several files are written. Whole model (Hub face) 0.35 -> 0.38-0.45 GB/s, 0.46-0.47 with the
   largest files started first (:func:`largest_first`); one 2 GiB file unchanged (0.43-0.50 either way).
+  In the 5-round suite after the change: whole model 0.44 GB/s median (0.42-0.52), rclone 0.44.
 * the defaults (16 MiB x 8, 4 MiB buffer; load 4-6): tmpfs 0.29 GB/s (0.28-0.34) at 2.65 CPU-s/GB, disk
   with fsync 0.31 GB/s (0.17-0.34; ``dd conv=fsync`` did 0.29 GB/s then) at 3.4 CPU-s/GB, peak RSS 67 MiB
   (about 41 MiB over idle). The engine before this transport, 16 MiB x 4, tmpfs: 0.23 GB/s at 4.2 CPU-s/GB.
