@@ -18,8 +18,9 @@ that downloads one object into staging; this module does the rest, the same way 
 * progress (``scanning`` → ``downloading`` → ``finalizing``) and the revision, a digest of the listing.
 
 :func:`download_each` then runs the downloads with one shared :class:`RangedDownloader` (and HTTP session),
-at most ``max_parallel_files`` objects at once, the largest first, counting bytes into the progress; the source only says, per
-object, what to expect and how to GET it (:class:`ObjectGet`: a presigned URL, or a URL and signed headers).
+at most ``max_parallel_files`` objects at once, the largest first, counting bytes into the progress; the
+source only says, per object, what to expect and how to GET it (:class:`ObjectGet`: a presigned URL, or a URL
+and signed headers).
 Presigned URLs are renewed periodically (:class:`SignedUrls`): a URL signed with temporary credentials dies
 with them whatever its stated expiry.
 """
