@@ -23,6 +23,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 SMOKE_TIMEOUT_S = 900
+AGENTS = {"agent-s3", "agent-ranged", "agent-hf"}  # the agent's three faces: S3 source, raw engine, Hub source
 
 
 @pytest.fixture(autouse=True)
@@ -48,8 +49,8 @@ def test_smoke_run_catches_a_flipped_byte_and_completes_a_killed_download(tmp_pa
     verdicts = json.loads((work / "download-smoke-verdicts.json").read_text())
     resume = [v for v in verdicts if v["target"].startswith("Resume after SIGKILL")]
     corruption = [v for v in verdicts if v["target"].startswith("Injected byte flip")]
-    assert {v["subject"].split()[0] for v in resume} == {"agent-s3", "agent-ranged", "agent-hf"}
-    assert {v["subject"].split()[0] for v in corruption} == {"agent-s3", "agent-ranged", "agent-hf"}
+    assert {v["subject"].split()[0] for v in resume} == AGENTS
+    assert {v["subject"].split()[0] for v in corruption} == AGENTS
     failed = [v for v in corruption if v["pass"] is not True]
     assert not failed, failed
 
@@ -59,6 +60,6 @@ def test_smoke_run_catches_a_flipped_byte_and_completes_a_killed_download(tmp_pa
     records = [json.loads(line) for line in (work / "download-smoke.jsonl").read_text().splitlines()]
     runs = [r for r in records if r["kind"] == "run"]
     assert {r["workload"] for r in runs} == {"W1", "W4", "W5"}
-    for killed in (r for r in runs if r["workload"] == "W4" and r["tool"] in ("agent-s3", "agent-ranged", "agent-hf")):
+    for killed in (r for r in runs if r["workload"] == "W4" and r["tool"] in AGENTS):
         assert killed["killed_first"], killed
         assert killed["verified"], killed

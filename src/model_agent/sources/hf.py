@@ -9,16 +9,15 @@ the shared ``publish`` step.
 Two data paths, by file:
 
 * LFS files (the weights; the hub lists their sha256) go through the ranged engine
-  (:mod:`model_agent.sources.ranged`): one metadata ``HEAD`` of the resolve URL gives where the bytes are
-  (the hub redirects to its CDN; a mirror may serve them itself), then parallel ranged GETs into a
-  preallocated file with a part map that survives a kill, sha256 hashed beside the transfer; four files at a
-  time, the largest first. The location is
-  looked up again every ten minutes, since CDN URLs are signed for a limited time. The token is sent only to
-  the endpoint's own host, never to the CDN. A server that ignores ``Range`` (olah does) is fetched as one
-  stream. Why not ``hf_hub_download`` for these: it moves one stream per file through httpx into new
-  ``bytes`` objects, measured at about 0.4 GB/s and 2.5 CPU-s/GB on this project's reference box against the
-  engine's parallel ranges (``bench/REPORT.md``); Xet-stored files are still served by the hub's resolve URL
-  (its bridge answers ranges), so nothing needs ``hf_xet`` here.
+  (:mod:`model_agent.sources.ranged`): one metadata ``HEAD`` of the resolve URL gives where the bytes are (the
+  hub redirects to its CDN; a mirror may serve them itself), then parallel ranged GETs into a preallocated
+  file with a part map that survives a kill, sha256 hashed beside the transfer; four files at a time, the
+  largest first. The location is looked up again every ten minutes, since CDN URLs are signed for a limited
+  time. The token is sent only to the endpoint's own host, never to the CDN. A server that ignores ``Range``
+  (olah does) is fetched as one stream. Why not ``hf_hub_download`` for these: it moves one stream per file
+  through httpx into new ``bytes`` objects, measured at about 0.4 GB/s and 2.5 CPU-s/GB on this project's
+  reference box against the engine's parallel ranges (``bench/REPORT.md``); Xet-stored files are still served
+  by the hub's resolve URL (its bridge answers ranges), so nothing needs ``hf_xet`` here.
 * Small files (git blobs: configs, tokenizers) go through ``hf_hub_download`` (its ``.incomplete`` files
   resume after a restart) and are checked against their git blob sha1.
 
