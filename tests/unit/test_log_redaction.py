@@ -22,7 +22,7 @@ def token() -> Iterator[str]:
     value = "hf_" + secrets.token_hex(16)
     register_secret(value)
     yield value
-    agent_logging._registered.discard(value)
+    agent_logging.forget_secret(value)
 
 
 def render(method: str = "info", *args: Any, **kw: Any) -> str:
@@ -80,7 +80,7 @@ def test_the_base64_form_registered_from_a_secret_is_redacted(token: str) -> Non
     try:
         line = render("info", "secret read", body={"data": {"token": encoded}})
     finally:
-        agent_logging._registered.discard(encoded)
+        agent_logging.forget_secret(encoded)
     assert token not in line and encoded not in line
 
 
@@ -108,3 +108,40 @@ def test_stdlib_records_of_libraries_are_redacted(token: str) -> None:
     assert token not in text
     assert text.count("[REDACTED]") == 3
     assert "ValueError" in text and "nothing secret here: 3 files" in text
+
+
+def test_ordinary_words_from_a_tenant_secret_do_not_mask_log_lines() -> None:
+    """A tenant's Secret may hold values like "model" or "Failed": they must not mask later lines."""
+    for word in ("model", "Failed", "BaseModel/", "team-a/x ab"):
+        register_secret(word)
+    line = render("warning", "model failed", reason="Failed: BaseModel/team-a/x abcdefg")
+    doc = json.loads(line)
+    assert doc["event"] == "model failed"
+    assert doc["reason"] == "Failed: BaseModel/team-a/x abcdefg"
+
+
+def test_the_registry_is_bounded_and_forgets_the_oldest_first() -> None:
+    values = [f"credential-{i:06d}-{secrets.token_hex(4)}" for i in range(agent_logging.MAX_SECRETS + 50)]
+    try:
+        for value in values:
+            register_secret(value)
+        assert agent_logging.registered_count() <= agent_logging.MAX_SECRETS
+        line = render("info", f"old {values[0]} new {values[-1]}")
+        assert values[-1] not in line  # the newest is masked
+        assert values[0] in line  # the oldest aged out
+    finally:
+        for value in values:
+            agent_logging.forget_secret(value)
+
+
+def test_a_secret_containing_another_is_masked_whole() -> None:
+    short = "k-" + secrets.token_hex(6)
+    long = short + "-" + secrets.token_hex(8)
+    register_secret(short)
+    register_secret(long)
+    try:
+        line = render("info", f"key {long} and {short}")
+    finally:
+        agent_logging.forget_secret(short)
+        agent_logging.forget_secret(long)
+    assert short not in line and line.count("[REDACTED]") == 2

@@ -4,33 +4,75 @@
 sensitive key (token, secret, password, authorization) and any registered secret string wherever it
 appears, so a token can never reach a log line through an error message either. The standard library's
 records (what httpx or huggingface_hub log themselves) pass the same masking through a handler filter.
+
+The registry is bounded because tenants feed it: a Secret's values come from a namespaced object's
+author. Only values of at least :data:`MIN_SECRET_LENGTH` characters are kept (a value like ``model``
+or ``Failed`` would otherwise mask ordinary words in every later line), at most :data:`MAX_SECRETS` of
+them (the oldest registered is forgotten first), and every string is matched against all of them in one
+pass of one compiled pattern, so masking costs the same with 10 secrets or 1,000.
 """
 
 from __future__ import annotations
 
 import logging
+import re
 import sys
 from collections.abc import MutableMapping
-from typing import Any
+from typing import Any, Final
 
 import structlog
 
 _SENSITIVE_KEYS = ("token", "secret", "password", "authorization", "credential")
-_registered: set[str] = set()
+MIN_SECRET_LENGTH: Final = 12
+MAX_SECRETS: Final = 1024
+_REDACTED: Final = "[REDACTED]"
+# Insertion-ordered: the oldest registration is the first to go when the registry is full.
+_registered: dict[str, None] = {}
+_pattern: re.Pattern[str] | None = None
 
 
 def register_secret(value: str | None) -> None:
-    """Remember a secret string so that it is masked wherever it appears in a log event."""
-    if value and len(value) >= 4:
-        _registered.add(value)
+    """Remember a credential so that it is masked wherever it appears in a log event.
+
+    Register only strings that are used as credentials; shorter than :data:`MIN_SECRET_LENGTH` they are
+    ignored (too likely to be an ordinary word, and too short to be a real key).
+    """
+    global _pattern
+    if not value or len(value) < MIN_SECRET_LENGTH:
+        return
+    if value in _registered:
+        _registered[value] = _registered.pop(value)  # refreshed: now the newest
+        return
+    _registered[value] = None
+    while len(_registered) > MAX_SECRETS:
+        del _registered[next(iter(_registered))]
+    _pattern = None
+
+
+def forget_secret(value: str) -> None:
+    """Stop masking ``value`` (tests; a rotated credential simply ages out)."""
+    global _pattern
+    if _registered.pop(value, 0) is None:
+        _pattern = None
+
+
+def registered_count() -> int:
+    return len(_registered)
+
+
+def _secrets_pattern() -> re.Pattern[str] | None:
+    global _pattern
+    if _pattern is None and _registered:
+        # Longest first, so a secret that contains another is masked whole.
+        alternatives = sorted(_registered, key=len, reverse=True)
+        _pattern = re.compile("|".join(re.escape(s) for s in alternatives))
+    return _pattern
 
 
 def _mask(value: Any) -> Any:
     if isinstance(value, str):
-        for secret in _registered:
-            if secret in value:
-                value = value.replace(secret, "[REDACTED]")
-        return value
+        pattern = _secrets_pattern()
+        return pattern.sub(_REDACTED, value) if pattern is not None else value
     if isinstance(value, dict):
         return {k: _mask(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
@@ -41,7 +83,7 @@ def _mask(value: Any) -> Any:
 def redact(_logger: Any, _name: str, event: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
     for key in list(event):
         if any(s in key.lower() for s in _SENSITIVE_KEYS):
-            event[key] = "[REDACTED]"
+            event[key] = _REDACTED
         else:
             event[key] = _mask(event[key])
     return event
