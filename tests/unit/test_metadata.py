@@ -903,3 +903,57 @@ def test_arbitrary_config_bytes(tmp_path: Path, blob: bytes) -> None:
         assert exc.reason
     else:
         assert set(meta.decoded_configuration) == set(DECODED_CONFIGURATION_KEYS)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Hostile sizes: memory is bounded by what decoding would allocate, and one model cannot fill an entry
+
+
+def test_an_index_full_of_empty_objects_is_refused_before_decoding(tmp_path: Path) -> None:
+    """64 MiB of ``{}`` decodes to tens of millions of dicts; it must be refused unread, in bounded memory."""
+    import tracemalloc
+
+    model = llama_dir(tmp_path / "m")
+    blob = b'{"weight_map":[' + b"{}," * (8 * 1024 * 1024) + b"{}]}"  # 24 MiB, 8M values
+    (model / "model.safetensors.index.json").write_bytes(blob)
+    tracemalloc.start()
+    try:
+        meta = parse_model_dir(model)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert meta.parameter_count_source == "estimate"  # the index was refused; the config still parsed
+    assert any("JSON values" in w for w in meta.warnings)
+    assert peak < 3 * len(blob)  # the bytes once (read) plus slack, never the decoded objects
+
+
+def test_a_config_with_too_many_values_is_a_metadata_error(tmp_path: Path) -> None:
+    doc = {**LLAMA_CONFIG, "id2label": list(range(metadata.MAX_JSON_ELEMENTS))}
+    write_json(tmp_path / "m" / "config.json", doc)
+    with pytest.raises(MetadataError, match="JSON values"):
+        parse_model_dir(tmp_path / "m")
+
+
+def test_a_large_but_real_config_still_parses(tmp_path: Path) -> None:
+    labels = {str(i): f"class, number {i}" for i in range(21_843)}  # ImageNet-21k sized id2label with commas
+    llama_dir(tmp_path / "m", id2label=labels)
+    assert parse_model_dir(tmp_path / "m").model_type == "llama"
+
+
+def test_strings_from_the_config_are_cut_to_the_limit(tmp_path: Path) -> None:
+    huge = "x" * 1_200_000
+    llama_dir(tmp_path / "m", model_type=huge, architectures=[huge], torch_dtype=huge, transformers_version=huge)
+    meta = parse_model_dir(tmp_path / "m")
+    entry = json.dumps(meta.to_config_entry())
+    assert len(entry) < 8 * metadata.MAX_METADATA_STRING + 2048
+    assert len(meta.model_type) == len(meta.model_architecture) == metadata.MAX_METADATA_STRING
+
+
+def test_a_pipeline_keeps_a_bounded_number_of_extra_components(tmp_path: Path) -> None:
+    index: dict[str, Any] = {"_class_name": "FluxPipeline", "_diffusers_version": "0.30.0"}
+    index.update({f"extra_{i:05d}": ["diffusers", "C" * 5000] for i in range(2000)})
+    write_json(tmp_path / "p" / "model_index.json", index)
+    meta = parse_model_dir(tmp_path / "p")
+    assert meta.diffusion_pipeline is not None
+    assert len(meta.diffusion_pipeline.additional_components) == metadata.MAX_PIPELINE_COMPONENTS
+    assert len(json.dumps(meta.to_config_entry())) < 64 * 1024

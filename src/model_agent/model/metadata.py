@@ -25,6 +25,11 @@ Contract
   against the claimed length *and* the real file size before anything is allocated). The recursive
   search stops at :data:`MAX_WALK_DEPTH` levels and :data:`MAX_WALK_ENTRIES` directory entries. JSON
   nested too deeply is an error, not a crash. Non-regular files (FIFOs, devices) are refused unread.
+  Memory is bounded by what decoding allocates, not by bytes: a document with more than
+  :data:`MAX_JSON_ELEMENTS` values is refused before it is decoded (a 64 MiB file of ``{}`` would
+  otherwise become tens of millions of dicts). Strings taken from a model's files into the entry are
+  cut to :data:`MAX_METADATA_STRING` characters and a pipeline keeps at most
+  :data:`MAX_PIPELINE_COMPONENTS` extra components, so one model cannot fill the node's ConfigMap.
 * One error type: :class:`MetadataError` (with ``reason``) means "no usable metadata": no directory,
   no config file, or a config file that cannot be read or is not a JSON object. A problem counting
   parameters (garbage, truncated or oversized safetensors header, a shard outside the model directory,
@@ -66,6 +71,9 @@ __all__ = [
     "DECODED_CONFIGURATION_KEYS",
     "MAX_CONFIG_FILE_BYTES",
     "MAX_INDEX_FILE_BYTES",
+    "MAX_JSON_ELEMENTS",
+    "MAX_METADATA_STRING",
+    "MAX_PIPELINE_COMPONENTS",
     "MAX_SAFETENSORS_FILES",
     "MAX_SAFETENSORS_HEADER_BYTES",
     "MAX_WALK_DEPTH",
@@ -104,6 +112,14 @@ MAX_SAFETENSORS_FILES: Final = 10_000
 MAX_WALK_DEPTH: Final = 6
 """Deepest directory level (the model directory is level 0) the recursive config search enters."""
 MAX_WALK_ENTRIES: Final = 10_000
+# Values one JSON document may hold (objects, arrays and scalars, counted from the delimiters before
+# decoding). The largest real shard index (~100k tensors) uses about a tenth of it; at the limit the
+# decoded objects stay near 100 MiB.
+MAX_JSON_ELEMENTS: Final = 1_000_000
+# Characters kept of a string that a model's files put in the entry (model type, architecture, dtype...).
+MAX_METADATA_STRING: Final = 256
+# Extra components (beyond the five named ones) kept of a diffusers pipeline index.
+MAX_PIPELINE_COMPONENTS: Final = 32
 """Most directory entries the recursive config search looks at before giving up."""
 
 MODEL_INDEX_FILE: Final = "model_index.json"
@@ -468,8 +484,14 @@ def load_json_bytes(data: bytes, what: str) -> Any:
 
     ``Infinity``, ``-Infinity`` and ``NaN`` become ``1e308``, ``-1e308`` and ``None`` (as the Go agent's
     pre-decoding rewrite makes them); a UTF-8 byte-order mark is tolerated; nesting deeper than the
-    interpreter's recursion limit is reported as an error.
+    interpreter's recursion limit is reported as an error, and so is a document of more than
+    :data:`MAX_JSON_ELEMENTS` values.
     """
+    # Every value after the first is preceded by ',' or opens a container; delimiters inside strings count
+    # too, so this over-counts, never under-counts, and costs one C-speed pass over the bytes.
+    elements = data.count(b",") + data.count(b"{") + data.count(b"[") + 1
+    if elements > MAX_JSON_ELEMENTS:
+        raise MetadataError(f"{what}: more than {MAX_JSON_ELEMENTS} JSON values; refused unread")
     try:
         text = data.decode("utf-8-sig")
         return json.loads(text, parse_constant=_non_finite_constant, parse_float=_finite_float)
@@ -808,7 +830,7 @@ def _as_float(value: object) -> float:
 
 
 def _as_str(value: object) -> str:
-    return value if isinstance(value, str) else ""
+    return value[:MAX_METADATA_STRING] if isinstance(value, str) else ""
 
 
 def _first_int(sources: Iterable[Mapping[str, Any]], *keys: str) -> int:
@@ -988,14 +1010,14 @@ def _string_field(obj: Mapping[str, Any], *keys: str) -> str:
     for key in keys:
         value = obj.get(key)
         if isinstance(value, str) and value:
-            return value
+            return value[:MAX_METADATA_STRING]
     return ""
 
 
 def _diffusers_component(value: object) -> DiffusionComponent | None:
     # model_index.json writes a component as [library, class]; [null, null] means "not present".
     if isinstance(value, list):
-        parts = [v if isinstance(v, str) else "" for v in value]
+        parts = [v[:MAX_METADATA_STRING] if isinstance(v, str) else "" for v in value[:2]]
         if not parts:
             return None
         library, type_ = ("", parts[0]) if len(parts) == 1 else (parts[0], parts[1])
@@ -1027,8 +1049,8 @@ def _parse_pipeline(raw: Mapping[str, Any], path: Path) -> DiffusionPipeline:
         if slot in known:
             if known[slot] is None:
                 known[slot] = component
-        else:
-            additional[key] = component
+        elif len(additional) < MAX_PIPELINE_COMPONENTS:
+            additional[key[:MAX_METADATA_STRING]] = component
     return DiffusionPipeline(
         class_name=class_name,
         diffusers_version=_string_field(raw, "_diffusers_version", "diffusers_version"),
