@@ -87,6 +87,7 @@ import aiohttp
 from model_agent.local.capacity import REGISTRY, CapacityRegistry
 from model_agent.model.uris import InvalidStorageUri, parse_azure_uri, parse_gcs_uri
 from model_agent.sources.base import FetchRequest, FetchResult, Progress, SourceError
+from model_agent.sources.listing import ListingBudget
 from model_agent.sources.objects import (
     ObjectGet,
     RemoteObject,
@@ -383,10 +384,13 @@ class CloudSource:
         import obstore
 
         objects: list[RemoteObject] = []
+        budget = ListingBudget(settings.label())
         # object_store lists by path segments: "a/b" lists a/b/..., never a/bc.
         stream = obstore.list(store, prefix=settings.prefix.rstrip("/") or None, chunk_size=1000)
         async for chunk in stream:
+            budget.page()
             for meta in chunk:
+                budget.item(str(meta["path"]))
                 etag = str(meta.get("e_tag") or "")
                 md5 = md5_from_etag(etag) if settings.scheme == GCS else None  # for adopting files in place
                 obj = listed_object(str(meta["path"]), int(meta["size"]), etag, settings.prefix, md5)

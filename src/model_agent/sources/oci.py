@@ -74,6 +74,7 @@ from urllib.parse import quote
 from model_agent.local.capacity import REGISTRY, CapacityRegistry
 from model_agent.model.uris import InvalidStorageUri, parse_oci_uri
 from model_agent.sources.base import FetchRequest, FetchResult, Progress, SourceError
+from model_agent.sources.listing import ListingBudget
 from model_agent.sources.objects import ObjectGet, RemoteObject, Transfer, fetch_listed, listed_object
 from model_agent.sources.ranged import Expected, RangedConfig, b64_to_hex
 from model_agent.sources.s3 import S3Source
@@ -410,14 +411,18 @@ class OciSource:
         return found
 
     def list_page(
-        self, client: OciClient, settings: OciSettings, start: str | None
+        self, client: OciClient, settings: OciSettings, start: str | None, budget: ListingBudget | None = None
     ) -> tuple[list[RemoteObject], str | None]:
         kwargs: dict[str, Any] = {"prefix": settings.prefix, "limit": self.page_size, "fields": LIST_FIELDS}
         if start is not None:
             kwargs["start"] = start
         data = client.sdk.list_objects(settings.namespace, settings.bucket, **kwargs).data
         objects: list[RemoteObject] = []
+        if budget is not None:
+            budget.page()
         for item in data.objects or []:
+            if budget is not None:
+                budget.item(str(item.name))
             obj = listed_object(
                 str(item.name), int(item.size or 0), str(item.etag or ""), settings.prefix, md5_of_listing(item.md5)
             )
@@ -445,9 +450,10 @@ class OciSource:
         assert client is not None
         objects: list[RemoteObject] = []
         start: str | None = None
+        budget = ListingBudget(settings.label())
         try:
             while True:  # page by page: a cancellation takes effect between pages
-                page, start = await asyncio.to_thread(self.list_page, client, settings, start)
+                page, start = await asyncio.to_thread(self.list_page, client, settings, start, budget)
                 objects.extend(page)
                 if start is None:
                     break

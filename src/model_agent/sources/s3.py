@@ -70,6 +70,7 @@ from typing import TYPE_CHECKING, Any
 from model_agent.local.capacity import REGISTRY, CapacityRegistry
 from model_agent.model.uris import InvalidStorageUri, parse_s3_uri
 from model_agent.sources.base import FetchRequest, FetchResult, Progress, SourceError
+from model_agent.sources.listing import ListingBudget
 from model_agent.sources.objects import (
     ObjectGet,
     RemoteObject,
@@ -307,12 +308,15 @@ class S3Source:
 
     def list_objects(self, client: S3Client, settings: S3Settings) -> list[RemoteObject]:
         objects: list[RemoteObject] = []
+        budget = ListingBudget(settings.label())
         paginator = client.get_paginator("list_objects_v2")
         pages = paginator.paginate(
             Bucket=settings.bucket, Prefix=settings.prefix, PaginationConfig={"PageSize": self.page_size}
         )
         for page in pages:
+            budget.page()
             for item in page.get("Contents", []):
+                budget.item(str(item["Key"]))
                 etag = str(item.get("ETag", ""))
                 obj = listed_object(item["Key"], int(item.get("Size", 0)), etag, settings.prefix, md5_of_etag(etag))
                 if obj is not None:
