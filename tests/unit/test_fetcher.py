@@ -6,6 +6,7 @@ Job bodies are coroutines that park on events; nothing sleeps to synchronise, ev
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -366,3 +367,116 @@ async def test_a_caller_cancelled_inside_cancel_stays_cancelled(fetcher: Fetcher
         await asyncio.wait_for(task, DEADLINE_S)
     assert after == []
     await until(lambda: fetcher.job("k") is None, "the job to end")
+
+
+# ------------------------------------------------------------------------------------- thread work
+
+
+async def test_cancel_returns_only_after_the_jobs_thread_work_has_stopped(fetcher: Fetcher, done: Done) -> None:
+    entered = threading.Event()
+    release = threading.Event()
+    thread_ended: list[bool] = []
+    after_thread: list[str] = []
+
+    def slow_write() -> str:
+        entered.set()
+        release.wait(DEADLINE_S)
+        thread_ended.append(True)
+        return "written"
+
+    async def body(job: Job) -> None:
+        await job.in_thread(slow_write)
+        after_thread.append("went on after a cancel")
+
+    assert await fetcher.submit("k", "t", body)
+    assert await asyncio.to_thread(entered.wait, DEADLINE_S)
+    cancelling = asyncio.get_running_loop().create_task(fetcher.cancel("k"))
+    await until(lambda: cancelling.done() or bool(getattr(fetcher.job("k"), "cancel_requested", False)), "cancel")
+    for _ in range(20):  # the thread is still running: cancel must not have returned
+        await asyncio.sleep(0)
+    assert not cancelling.done()
+    release.set()
+    await asyncio.wait_for(cancelling, DEADLINE_S)
+    assert thread_ended == [True]
+    assert after_thread == []  # the cancellation is raised once the thread has returned
+    assert fetcher.job("k") is None
+    assert done.counts == Counter({"k": 1})
+
+
+async def test_in_thread_returns_the_result_and_raises_the_threads_error(fetcher: Fetcher, done: Done) -> None:
+    results: list[object] = []
+
+    def boom() -> None:
+        raise SourceError("UnsafePath", "refused", retryable=False)
+
+    async def body(job: Job) -> None:
+        results.append(await job.in_thread(lambda a, b: a + b, 2, b=3))
+        await job.in_thread(boom)
+
+    assert await fetcher.submit("k", "t", body)
+    await done.wait_for(1)
+    assert results == [5]
+    failure = fetcher.failure("k", "t")
+    assert failure is not None and failure.reason == "UnsafePath"
+
+
+async def test_a_committed_job_is_not_interrupted_by_cancel(fetcher: Fetcher, done: Done) -> None:
+    # Past the point of no return (publishing), a cancel waits for the job to record what it published.
+    published = asyncio.Event()
+    record = asyncio.Event()
+    recorded: list[str] = []
+
+    async def body(job: Job) -> None:
+        job.commit()
+        published.set()
+        await record.wait()  # an await after commit: a cancel must not land here
+        recorded.append(job.key)
+
+    assert await fetcher.submit("k", "t", body)
+    await asyncio.wait_for(published.wait(), DEADLINE_S)
+    cancelling = asyncio.get_running_loop().create_task(fetcher.cancel("k"))
+    await until(lambda: bool(getattr(fetcher.job("k"), "cancel_requested", False)), "the cancel request")
+    assert not cancelling.done()
+    record.set()
+    await asyncio.wait_for(cancelling, DEADLINE_S)
+    assert recorded == ["k"]
+    assert fetcher.job("k") is None
+
+
+async def test_a_job_asked_to_cancel_never_commits(done: Done) -> None:
+    pool = Fetcher(workers=1, on_done=done)
+    committed: list[bool] = []
+
+    async def body(job: Job) -> None:
+        job.cancel_requested = True  # as cancel() marks it before the task sees its cancellation
+        job.commit()
+        committed.append(True)
+
+    assert await pool.submit("k", "t", body)
+    await done.wait_for(1)
+    assert committed == []
+    await asyncio.wait_for(pool.stop(), DEADLINE_S)
+
+
+async def test_stop_waits_for_a_committed_job(done: Done) -> None:
+    pool = Fetcher(workers=1, on_done=done)
+    committed = asyncio.Event()
+    finish = asyncio.Event()
+    recorded: list[str] = []
+
+    async def body(job: Job) -> None:
+        job.commit()
+        committed.set()
+        await finish.wait()
+        recorded.append(job.key)
+
+    assert await pool.submit("k", "t", body)
+    await asyncio.wait_for(committed.wait(), DEADLINE_S)
+    stopping = asyncio.get_running_loop().create_task(pool.stop())
+    for _ in range(20):
+        await asyncio.sleep(0)
+    assert not stopping.done()
+    finish.set()
+    await asyncio.wait_for(stopping, DEADLINE_S)
+    assert recorded == ["k"]
+    assert pool.jobs() == []

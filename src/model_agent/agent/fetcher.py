@@ -9,18 +9,30 @@ the manifest or from :meth:`Fetcher.failure`).
 Guarantees:
 * at most one job per key; :meth:`submit` for a key with a job for another target cancels the old job
   first (awaited), so two downloads never write one model's staging area at once;
-* :meth:`cancel` returns only when the job has stopped touching its staging area (threads still finishing
-  a file write into staging, which is never published without verification);
+* thread work a job runs through :meth:`Job.in_thread` is part of the job: threads cannot be interrupted, so a
+  job cancelled while such a thread runs ends only when the thread has returned, and :meth:`cancel` (and
+  :meth:`stop`) return only then — a cancelled job is finished only when its thread work has stopped;
+* a job that has called :meth:`Job.commit` (it is about to publish into the model's destination) is past
+  the point of no return: a cancel no longer interrupts it but waits for it to end, so what it published it
+  has also recorded (its manifest), and the caller of :meth:`cancel` finds the record and can act on it
+  (the Remover quarantines it). Publishing without recording would leave a complete model on disk that no
+  record explains; interrupting the remaining local work (parse, record) would save nothing;
+* :meth:`cancel` returns only when the job has stopped touching its staging area and its destination
+  (threads a source starts itself, still finishing a file write into staging, are not tracked: staging is
+  never published without verification);
 * after :meth:`stop` no job runs and :meth:`submit` refuses (returns False) instead of blocking.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextvars
+import functools
 import random
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import ParamSpec, TypeVar
 
 import structlog
 
@@ -30,6 +42,9 @@ log = structlog.get_logger(__name__)
 
 BACKOFF_BASE_S = 1.0
 BACKOFF_CAP_S = 300.0
+
+P = ParamSpec("P")
+T = TypeVar("T")
 
 
 @dataclass
@@ -50,6 +65,47 @@ class Job:
     progress: Progress = field(default_factory=Progress)
     started: float = field(default_factory=time.monotonic)
     waiting_for_slot: bool = True
+    # Set by Job.commit: from here on a cancel waits for the job instead of interrupting it.
+    committed: bool = False
+    # Set by Fetcher.cancel/stop: someone wants this job gone (honoured at once unless committed).
+    cancel_requested: bool = False
+    threads_running: int = 0
+
+    async def in_thread(self, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> T:
+        """Run ``fn`` in a worker thread as part of this job and return its result.
+
+        A thread cannot be interrupted: if the job is cancelled while ``fn`` runs, this waits for ``fn`` to
+        return and only then raises the cancellation, so the job's task ends after its thread work (unlike
+        ``asyncio.to_thread``, whose thread outlives the cancelled await).
+        """
+        loop = asyncio.get_running_loop()
+        call = functools.partial(contextvars.copy_context().run, fn, *args, **kwargs)
+        future = loop.run_in_executor(None, call)
+        cancelled = False
+        self.threads_running += 1
+        try:
+            while not future.done():
+                try:
+                    await asyncio.wait([future])
+                except asyncio.CancelledError:
+                    cancelled = True  # keep waiting: the thread is still touching the job's files
+        finally:
+            self.threads_running -= 1
+        if cancelled:
+            if not future.cancelled():
+                future.exception()  # retrieved: the cancellation is what the caller gets
+            raise asyncio.CancelledError
+        return future.result()
+
+    def commit(self) -> None:
+        """Mark the point of no return (about to publish): a later cancel waits for the job to end.
+
+        Raises the cancellation instead when one was already asked for, so a cancelled job never starts
+        publishing.
+        """
+        if self.cancel_requested:
+            raise asyncio.CancelledError
+        self.committed = True
 
 
 JobBody = Callable[[Job], Awaitable[None]]
@@ -133,14 +189,26 @@ class Fetcher:
         self._failures[job.key] = Failure(job.target, reason, message, attempts, time.monotonic() + delay, retryable)
 
     async def cancel(self, key: str) -> None:
+        """Stop the job for ``key`` and return when it (and its thread work) has ended.
+
+        A committed job is not interrupted: this waits for it to finish recording what it published.
+        """
         job = self._jobs.get(key)
         if job is None:
             return
-        job.task.cancel()
+        self._interrupt(job)
         # asyncio.wait, not ``await job.task`` under suppress(CancelledError): that would also swallow the
         # cancellation of the caller itself (shutdown) while it waits here.
         await asyncio.wait([job.task])
         self._forget(job)
+
+    @staticmethod
+    def _interrupt(job: Job) -> None:
+        job.cancel_requested = True
+        if job.committed:
+            log.info("cancel waits for a publishing fetch to record what it published", key=job.key)
+        else:
+            job.task.cancel()
 
     def _forget(self, job: Job) -> None:
         # A task cancelled before its first step never runs _run's ``finally``: drop its entry here.
@@ -154,7 +222,7 @@ class Fetcher:
         self._stopped = True
         jobs = list(self._jobs.values())
         for job in jobs:
-            job.task.cancel()
+            self._interrupt(job)
         if jobs:
             await asyncio.wait([job.task for job in jobs])
         for job in jobs:

@@ -11,7 +11,9 @@ every slot busy waits (the model shows ``Updating`` with phase ``queued``) and r
 Contract: :meth:`OriginSlots.hold` is an async context manager; inside it the caller owns a slot. API
 errors while acquiring are retried with backoff (never "proceed without a slot"); a renewal that finds the
 slot taken by another node logs it and keeps going (the fetch is idempotent; the limit is best effort at
-that instant, the same as client-go leader election's).
+that instant, the same as client-go leader election's). Leaving the context always releases the slot (a
+failed release is logged; the slot then expires); a cancellation of the holder that arrives during the
+release is raised once the release has ended, so the caller never carries on as if it had not been cancelled.
 """
 
 from __future__ import annotations
@@ -83,14 +85,28 @@ class OriginSlots:
             yield ""
             return
         name = await self._acquire(source, on_wait)
-        renewer = asyncio.get_running_loop().create_task(self._renew(name), name=f"renew {name}")
+        loop = asyncio.get_running_loop()
+        renewer = loop.create_task(self._renew(name), name=f"renew {name}")
         try:
             yield name
         finally:
             renewer.cancel()
-            await asyncio.gather(renewer, return_exceptions=True)
-            with contextlib.suppress(ApiError, ApiUnavailable, asyncio.CancelledError):
-                await asyncio.shield(self._release(name))
+            # The release runs to its end even when the holder is cancelled meanwhile (a slot left held
+            # blocks other nodes until it expires), but a cancellation that arrives during it is raised
+            # afterwards, never swallowed: a cancelled fetch must not go on to publish.
+            release = loop.create_task(self._release_after(renewer, name), name=f"release {name}")
+            try:
+                await asyncio.shield(release)
+            except asyncio.CancelledError:
+                await asyncio.wait([release])
+                raise
+
+    async def _release_after(self, renewer: asyncio.Task[None], name: str) -> None:
+        await asyncio.gather(renewer, return_exceptions=True)
+        try:
+            await self._release(name)
+        except (ApiError, ApiUnavailable) as exc:
+            log.warning("origin slot release failed; it expires on its own", lease=name, error=str(exc))
 
     async def _acquire(self, source: str, on_wait: Callable[[], None]) -> str:
         names = lease_names(source, self.slots)

@@ -383,11 +383,12 @@ class Reconciler:
                     await ctx.remover.replace_superseded(ref, superseded, target.id, from_fetch=True)
                 except Requeue as exc:
                     raise SourceError("SwitchDeferred", f"the old copy cannot be retired yet: {exc.why}") from None
-            files = await asyncio.to_thread(publish, request, result)
+            job.commit()  # publishing: from here a cancel waits until the manifest records what was published
+            files = await job.in_thread(publish, request, result)
         finally:
             for task in pending:  # progress writes finish before the outcome is reported
                 await asyncio.gather(task, return_exceptions=True)
-        metadata = await asyncio.to_thread(self._parse_metadata, obj, target.dest, sum(f.size for f in files))
+        metadata = await job.in_thread(self._parse_metadata, obj, target.dest, sum(f.size for f in files))
         manifest = Manifest(
             key=ref.key,
             uid=obj.metadata.uid,
