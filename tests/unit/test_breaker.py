@@ -42,6 +42,14 @@ def clock() -> FakeClock:
     return FakeClock()
 
 
+def act(breaker: Breaker, key: str, total: int) -> Verdict:
+    """Decide, and when allowed, report the act as done (what the remover does on success)."""
+    verdict = breaker.decide(key, total).verdict
+    if verdict == Verdict.ACT:
+        breaker.record(key)
+    return verdict
+
+
 def make(clock: FakeClock, **kwargs: object) -> tuple[Breaker, Changes]:
     kwargs.setdefault("settle_s", 5.0)
     breaker = Breaker(clock=clock, wall_clock=lambda: 0.0, **kwargs)  # type: ignore[arg-type]
@@ -68,6 +76,8 @@ def test_settle_waits_with_the_remaining_delay_then_acts(clock: FakeClock) -> No
     assert breaker.decide("a", total_models=10) == Decision(Verdict.WAIT, pytest.approx(3.0))  # type: ignore[arg-type]
     clock.advance(3.0)
     assert breaker.decide("a", total_models=10) == Decision(Verdict.ACT)
+    assert breaker.pending == ["a"]  # allowed, not yet done
+    breaker.record("a")
     assert breaker.pending == []
     assert not breaker.is_open
     assert changes.calls == []
@@ -101,8 +111,8 @@ def test_trips_when_pending_reaches_minimum_and_exceeds_ratio(clock: FakeClock) 
 
 def test_acted_removals_count_toward_the_window(clock: FakeClock) -> None:
     breaker, changes = make(clock, settle_s=0.0, ratio=0.5, minimum=3)
-    assert breaker.decide("a", 4).verdict == Verdict.ACT
-    assert breaker.decide("b", 4).verdict == Verdict.ACT
+    assert act(breaker, "a", 4) == Verdict.ACT
+    assert act(breaker, "b", 4) == Verdict.ACT
     assert breaker.decide("c", 4).verdict == Verdict.HELD
     assert changes.opened == [True]
 
@@ -120,7 +130,7 @@ def test_below_thresholds_never_trips(clock: FakeClock, total: int, removals: in
     keys = [f"m{i}" for i in range(removals)]
     assert all(breaker.decide(k, total).verdict == Verdict.WAIT for k in keys)
     clock.advance(5.0)
-    assert all(breaker.decide(k, total).verdict == Verdict.ACT for k in keys)
+    assert all(act(breaker, k, total) == Verdict.ACT for k in keys)
     assert not breaker.is_open
     assert breaker.trips == 0
     assert changes.calls == []
@@ -128,10 +138,10 @@ def test_below_thresholds_never_trips(clock: FakeClock, total: int, removals: in
 
 def test_old_acts_leave_the_window(clock: FakeClock) -> None:
     breaker, changes = make(clock, settle_s=0.0, ratio=0.5, minimum=3, window_s=600.0)
-    assert breaker.decide("a", 4).verdict == Verdict.ACT
-    assert breaker.decide("b", 4).verdict == Verdict.ACT
+    assert act(breaker, "a", 4) == Verdict.ACT
+    assert act(breaker, "b", 4) == Verdict.ACT
     clock.advance(601.0)
-    assert breaker.decide("c", 4).verdict == Verdict.ACT
+    assert act(breaker, "c", 4) == Verdict.ACT
     assert changes.calls == []
 
 
@@ -166,7 +176,7 @@ def test_resume_allows_removals_for_one_window(clock: FakeClock) -> None:
     assert changes.opened == [True, False]
     assert all(breaker.decide(k, 4).verdict == Verdict.WAIT for k in "abc")  # still settles
     clock.advance(5.0)
-    assert [breaker.decide(k, 4).verdict for k in "abc"] == [Verdict.ACT] * 3
+    assert [act(breaker, k, 4) for k in "abc"] == [Verdict.ACT] * 3
     assert not breaker.is_open
     # Once the resumed window is over, a further removal counts again (the three acts are still in the
     # window: 3 + 1 of 4 models).
@@ -212,10 +222,10 @@ def test_one_touch_resumes_once(clock: FakeClock, tmp_path: Path) -> None:
     breaker = Breaker(settle_s=0.0, window_s=600.0, resume_file=resume_file, clock=clock, wall_clock=wall)
     resume_file.touch()
     os.utime(resume_file, (wall.now, wall.now))
-    assert breaker.decide("a", 4).verdict == Verdict.ACT  # resumed: acts even though it would trip later
+    assert act(breaker, "a", 4) == Verdict.ACT  # resumed: acts even though it would trip later
     clock.advance(601.0)
     wall.advance(1.0)  # the same touch, seen again: not a new resume
-    assert [breaker.decide(k, 4).verdict for k in "bcd"] == [Verdict.ACT, Verdict.ACT, Verdict.HELD]
+    assert [act(breaker, k, 4) for k in "bcd"] == [Verdict.ACT, Verdict.ACT, Verdict.HELD]
 
 
 # --------------------------------------------------------------------------------------------- forget
@@ -244,3 +254,84 @@ def test_forgetting_every_held_removal_closes_the_breaker(clock: FakeClock) -> N
     assert not breaker.is_open
     assert changes.opened == [True, False]
     assert breaker.pending == []
+
+
+# ------------------------------------------------------------------------------ counting what happened
+
+
+def test_a_failing_act_retried_never_counts_and_never_trips(clock: FakeClock) -> None:
+    # One removal whose act keeps failing (the trash refuses the path): it is decided again on every retry,
+    # and is never recorded. On a node of 8 models, with one other removal done, it must never trip.
+    breaker, changes = make(clock, settle_s=0.0, ratio=0.5, minimum=3)
+    assert act(breaker, "ok", 8) == Verdict.ACT
+    for _ in range(50):
+        assert breaker.decide("failing", 8).verdict == Verdict.ACT  # the act fails: no record
+        clock.advance(5.0)
+    assert not breaker.is_open
+    assert breaker.trips == 0
+    assert changes.calls == []
+    assert breaker.pending == ["failing"]
+
+
+def test_an_act_recorded_twice_for_one_key_counts_once(clock: FakeClock) -> None:
+    breaker, changes = make(clock, settle_s=0.0, ratio=0.5, minimum=3)
+    for _ in range(5):
+        assert act(breaker, "a", 4) == Verdict.ACT
+    assert act(breaker, "b", 4) == Verdict.ACT  # 2 of 4: not more than half
+    assert not breaker.is_open
+    assert changes.calls == []
+
+
+def test_a_recorded_intent_after_restart_skips_the_settle_but_still_counts(clock: FakeClock) -> None:
+    breaker, _ = make(clock, settle_s=5.0, ratio=0.5, minimum=3)
+    assert breaker.decide("a", 4, settled=True) == Decision(Verdict.ACT)
+    breaker.record("a")
+    assert breaker.decide("b", 4).verdict == Verdict.WAIT
+    assert breaker.decide("c", 4, settled=True).verdict == Verdict.HELD  # a, b, c of 4
+
+
+def test_a_pending_key_never_decided_again_stops_counting_after_a_window(clock: FakeClock) -> None:
+    breaker, changes = make(clock, settle_s=5.0, ratio=0.5, minimum=3, window_s=600.0)
+    breaker.decide("stale-1", 4)
+    breaker.decide("stale-2", 4)
+    clock.advance(601.0)
+    assert breaker.decide("c", 4).verdict == Verdict.WAIT  # 1 of 4, not 3 of 4
+    assert breaker.pending == ["c"]
+    assert changes.calls == []
+
+
+# ------------------------------------------------------------------------- the share at the window start
+
+
+def test_the_share_is_taken_against_the_models_at_the_start_of_the_window(clock: FakeClock) -> None:
+    # Three of seven deleted together: each removal drops a manifest, so the current count shrinks to 6
+    # and 5 while the window still holds the earlier acts. 3 of 7 is under half: never held.
+    breaker, changes = make(clock, settle_s=5.0, ratio=0.5, minimum=3)
+    assert breaker.decide("a", 7).verdict == Verdict.WAIT
+    assert breaker.decide("b", 7).verdict == Verdict.WAIT
+    clock.advance(5.0)
+    assert act(breaker, "a", 7) == Verdict.ACT
+    assert act(breaker, "b", 6) == Verdict.ACT
+    assert breaker.decide("c", 5).verdict == Verdict.WAIT  # confirmed late: settles, is not held
+    clock.advance(5.0)
+    assert act(breaker, "c", 5) == Verdict.ACT
+    assert not breaker.is_open
+    assert changes.calls == []
+
+
+def test_the_window_start_count_resets_once_the_window_is_empty(clock: FakeClock) -> None:
+    breaker, changes = make(clock, settle_s=0.0, ratio=0.5, minimum=3, window_s=600.0)
+    assert act(breaker, "a", 10) == Verdict.ACT
+    clock.advance(601.0)  # the window empties: the next removal starts a new one on a node of 4 models
+    assert act(breaker, "b", 4) == Verdict.ACT
+    assert act(breaker, "c", 4) == Verdict.ACT
+    assert breaker.decide("d", 4).verdict == Verdict.HELD
+    assert "3 of 4" in changes.calls[0][1]
+
+
+def test_models_added_during_the_window_count(clock: FakeClock) -> None:
+    breaker, _ = make(clock, settle_s=0.0, ratio=0.5, minimum=3)
+    assert act(breaker, "a", 4) == Verdict.ACT
+    assert act(breaker, "b", 10) == Verdict.ACT  # six models arrived meanwhile
+    assert act(breaker, "c", 10) == Verdict.ACT  # 3 of 10
+    assert not breaker.is_open

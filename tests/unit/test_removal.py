@@ -8,6 +8,7 @@ labels, the node ConfigMap and the event recorder. Every removal is bounded by `
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,7 +21,7 @@ from model_agent.agent.confirm import Outcome
 from model_agent.agent.fetcher import Fetcher, Job
 from model_agent.agent.removal import Candidate, RemovalContext, Remover
 from model_agent.agent.requeue import Requeue
-from model_agent.kube.client import ApiUnavailable
+from model_agent.kube.client import ApiError, ApiUnavailable
 from model_agent.local.layout import Layout, token_for
 from model_agent.local.manifest import FileRecord, Manifest, ManifestStore
 from model_agent.local.trash import Trash
@@ -547,3 +548,280 @@ async def _job_done(fetcher: Fetcher) -> None:
     job = fetcher.job(REF.key)
     if job is not None:
         await asyncio.wait([job.task])
+
+
+# ------------------------------------------------------------------------------ reserve-model-artifact
+
+
+async def test_reserved_in_the_manifest_keeps_the_weights_after_a_plain_delete(env: Env) -> None:
+    # A plain delete: the live read answers 404, nothing live carries the label; the manifest recorded it.
+    env.manifest.reserved = True
+    env.manifests.save(env.manifest, env.layout.primary)
+    env.client.script("GET", MODEL_PATH, not_found("m1", "clusterbasemodels"))
+    assert await env.remove() is True
+    env.assert_removed(weights_kept=True)
+    assert "reserve-model-artifact" in next(e.message for e in env.events.emitted if e.reason == "Removed")
+
+
+async def test_reserved_in_the_last_known_state_keeps_the_weights_after_a_plain_delete(env: Env) -> None:
+    # The manifest predates the label (or is an old one without the field): the watch's last state has it.
+    env.remover.note_last_state(REF.key, env.live(UID, labels={RESERVE_MODEL_ARTIFACT_LABEL: "TRUE"}))
+    env.client.script("GET", MODEL_PATH, not_found("m1", "clusterbasemodels"))
+    assert await env.remove() is True
+    env.assert_removed(weights_kept=True)
+
+
+async def test_a_reserve_label_removed_before_the_delete_no_longer_reserves(env: Env) -> None:
+    env.remover.note_last_state(REF.key, env.live(UID, labels={RESERVE_MODEL_ARTIFACT_LABEL: "true"}))
+    env.remover.note_last_state(REF.key, env.live(UID))  # the label was taken off, then the object deleted
+    env.client.script("GET", MODEL_PATH, not_found("m1", "clusterbasemodels"))
+    assert await env.remove() is True
+    env.assert_removed(weights_kept=False)
+
+
+async def test_a_successors_reserve_label_does_not_reserve_the_old_objects_weights(env: Env) -> None:
+    env.remover.note_last_state(
+        REF.key, env.live(NEW_UID, uri="hf://org/m1-v2", labels={RESERVE_MODEL_ARTIFACT_LABEL: "true"})
+    )
+    env.client.script(
+        "GET", MODEL_PATH, env.live(NEW_UID, uri="hf://org/m1-v2", labels={RESERVE_MODEL_ARTIFACT_LABEL: "true"})
+    )
+    assert await env.remove() is True
+    env.assert_removed(weights_kept=False)
+
+
+# ----------------------------------------------------------------------------------- order of the acts
+
+
+async def test_label_then_entry_go_before_the_weights_move_and_the_manifest_goes_last(env: Env) -> None:
+    seen: list[tuple[str, bool, str | None]] = []  # (write, weights in place, manifest's removing marker)
+    label_ensure, entry_ensure = env.labels.ensure, env.configmap.ensure
+
+    def marker() -> str | None:
+        manifest = env.manifests.load(REF.key)
+        return None if manifest is None else manifest.removing
+
+    async def on_label(key: str, value: str | None) -> bool:
+        seen.append(("label", env.weights_in_place(), marker()))
+        return await label_ensure(key, value)
+
+    async def on_entry(key: str, value: str | None) -> bool:
+        seen.append(("entry", env.weights_in_place(), marker()))
+        return await entry_ensure(key, value)
+
+    env.labels.ensure = on_label  # type: ignore[method-assign]
+    env.configmap.ensure = on_entry  # type: ignore[method-assign]
+    env.client.script("GET", MODEL_PATH, not_found("m1", "clusterbasemodels"))
+    assert await env.remove() is True
+    # The intent is on disk before anything is removed; the weights are still in place when label and entry go.
+    assert seen == [("label", True, "watch DELETED"), ("entry", True, "watch DELETED")]
+    env.assert_removed(weights_kept=False)
+
+
+async def test_a_failing_label_write_leaves_the_weights_and_the_intent_and_counts_nothing(env: Env) -> None:
+    async def refuse(key: str, value: str | None) -> bool:
+        raise status_error(503, "ServiceUnavailable")
+
+    label_ensure = env.labels.ensure
+    env.labels.ensure = refuse  # type: ignore[method-assign]
+    env.client.always("GET", MODEL_PATH, not_found("m1", "clusterbasemodels"))
+    with pytest.raises(ApiError, match="503"):
+        await env.remove()
+    assert env.weights_in_place()
+    assert env.trash_entries() == []
+    manifest = env.manifests.load(REF.key)
+    assert manifest is not None and manifest.removing == "watch DELETED"
+    assert env.ctx.breaker.pending == [REF.key]  # decided, not done
+    env.labels.ensure = label_ensure  # type: ignore[method-assign]
+    assert await env.remove() is True
+    env.assert_removed(weights_kept=False)
+    assert env.ctx.breaker.pending == []
+
+
+def _more_manifests(env: Env, n: int) -> None:
+    for i in range(n):
+        env.manifests.save(
+            Manifest(key=f"ClusterBaseModel//other-{i}", uid=f"o{i}", storage_uri=URI, dest=str(env.dest) + f"-{i}"),
+            env.layout.primary,
+        )
+
+
+async def test_a_removal_the_trash_refuses_is_retried_without_tripping_the_breaker(env: Env) -> None:
+    # A directory above the weights replaced by a symlink: the trash refuses to move through it, every time.
+    models = env.dest.parent
+    real = models.with_name("models-real")
+    models.rename(real)
+    models.symlink_to(real)
+    _more_manifests(env, 3)  # four models on the node
+    env.ctx.breaker = Breaker(settle_s=0.0, ratio=0.5, minimum=3)
+    env.client.always("GET", MODEL_PATH, not_found("m1", "clusterbasemodels"))
+    for _ in range(10):
+        with pytest.raises(Requeue, match="trash"):
+            await env.remove()
+    assert not env.ctx.breaker.is_open
+    assert env.ctx.breaker.trips == 0
+    assert "RemovalHeld" not in env.events.reasons
+    assert "RemovalFailed" in env.events.reasons
+    # Label and entry are gone (nothing advertises the model); the weights and their record stay for the retry.
+    assert REF.label_key not in env.labels.values
+    assert REF.configmap_key not in env.configmap.values
+    assert read_tree(real / "m1") == WEIGHTS
+    assert env.trash_entries() == []
+    manifest = env.manifests.load(REF.key)
+    assert manifest is not None and manifest.removing
+    # Once the path is sane again the removal completes, counted once.
+    models.unlink()
+    real.rename(models)
+    assert await env.remove() is True
+    env.assert_removed(weights_kept=False)
+
+
+async def test_a_removal_recorded_before_a_restart_completes_without_settling_again(env: Env) -> None:
+    env.manifest.removing = "watch DELETED"
+    env.manifests.save(env.manifest, env.layout.primary)
+    env.labels.values.pop(REF.label_key)  # killed after the label went
+    env.ctx.breaker = Breaker(settle_s=5.0)
+    env.client.script("GET", MODEL_PATH, not_found("m1", "clusterbasemodels"))
+    assert await env.remove() is True  # confirmed again, then completed: no settle Requeue
+    assert REF.configmap_key not in env.configmap.values
+    assert env.manifests.load(REF.key) is None
+    assert len(env.trash_entries()) == 1
+
+
+async def test_a_recorded_removal_whose_object_is_alive_is_void(env: Env) -> None:
+    env.manifest.removing = "no longer selects this node"
+    env.manifests.save(env.manifest, env.layout.primary)
+    env.client.script("GET", MODEL_PATH, env.live())
+    assert await env.remove() is False
+    manifest = env.manifests.load(REF.key)
+    assert manifest is not None and manifest.removing == ""
+    assert env.weights_in_place()
+
+
+# --------------------------------------------------------------------- re-created after the confirmation
+
+
+async def test_an_object_recreated_in_the_cache_after_the_confirming_read_stops_the_removal(env: Env) -> None:
+    async def gone_then_recreated() -> dict[str, Any]:
+        env.cached.append(env.live(NEW_UID, uri="hf://org/m1-v2"))  # the watch delivers the new object meanwhile
+        raise not_found("m1", "clusterbasemodels")
+
+    env.client.script("GET", MODEL_PATH, gone_then_recreated)
+    with pytest.raises(Requeue, match="re-created"):
+        await env.remove()
+    env.assert_untouched()
+    assert env.ctx.breaker.pending == []
+
+
+async def test_a_successor_the_confirming_read_saw_does_not_stop_the_removal(env: Env) -> None:
+    # The read itself returned the new UID (another source): the decision knew it, the cache agreeing is no news.
+    successor = env.live(NEW_UID, uri="hf://org/m1-v2")
+    env.cached.append(successor)
+    env.client.script("GET", MODEL_PATH, successor)
+    assert await env.remove() is True
+    assert not env.dest.exists() and len(env.trash_entries()) == 1
+
+
+async def test_a_deleting_object_in_the_cache_does_not_stop_the_removal(env: Env) -> None:
+    env.cached.append(env.live(NEW_UID, deleting=True))
+    env.client.script("GET", MODEL_PATH, not_found("m1", "clusterbasemodels"))
+    assert await env.remove() is True
+    env.assert_removed(weights_kept=False)
+
+
+# ------------------------------------------------------------------------------- superseded copies
+
+
+NEW_TARGET = "hf://org/m1-v2|/elsewhere"
+
+
+async def test_replace_superseded_settles_then_retires_and_counts_once(env: Env) -> None:
+    env.ctx.breaker = Breaker(settle_s=5.0)
+    env.client.always("GET", MODEL_PATH, env.live(uri="hf://org/m1-v2", path="/elsewhere"))
+    with pytest.raises(Requeue) as raised:
+        await env.remover.replace_superseded(REF, env.manifest, NEW_TARGET)
+    assert raised.value.delay_s == pytest.approx(5.0)
+    assert env.weights_in_place() and env.manifests.load(REF.key) is not None
+    env.ctx.breaker = Breaker(settle_s=0.0)
+    await env.remover.replace_superseded(REF, env.manifest, NEW_TARGET)
+    assert not env.dest.exists()
+    entries = list(env.trash.entries())
+    assert len(entries) == 1 and read_tree(entries[0].data) == WEIGHTS
+    assert env.manifests.load(REF.key) is None
+    assert env.ctx.breaker.pending == []
+
+
+async def test_replace_superseded_held_by_the_breaker_keeps_the_old_copy(env: Env) -> None:
+    env.ctx.breaker = Breaker(settle_s=0.0, minimum=1, ratio=0.0)
+    env.client.always("GET", MODEL_PATH, env.live(uri="hf://org/m1-v2", path="/elsewhere"))
+    with pytest.raises(Requeue, match="breaker"):
+        await env.remover.replace_superseded(REF, env.manifest, NEW_TARGET)
+    assert env.weights_in_place()
+    assert env.trash_entries() == []
+    manifest = env.manifests.load(REF.key)
+    assert manifest is not None and manifest.storage_uri == URI and manifest.removing == ""
+    assert "RemovalHeld" in env.events.reasons
+
+
+async def test_replace_superseded_many_switches_trip_the_breaker_before_anything_moves(env: Env) -> None:
+    # A GitOps typo re-points most models at once: each retirement is pending together and the breaker opens.
+    env.ctx.breaker = Breaker(settle_s=5.0, ratio=0.5, minimum=3)
+    _more_manifests(env, 3)
+    env.client.always("GET", MODEL_PATH, env.live(uri="hf://org/m1-v2", path="/elsewhere"))
+    others = [Manifest(key=f"ClusterBaseModel//other-{i}", uid=f"o{i}", storage_uri=URI, dest="/x") for i in range(3)]
+    for manifest in others:
+        env.ctx.breaker.decide(f"{manifest.key}@{manifest.storage_uri}|{manifest.dest}", 4)
+    with pytest.raises(Requeue, match="breaker"):
+        await env.remover.replace_superseded(REF, env.manifest, NEW_TARGET)
+    assert env.ctx.breaker.is_open
+    assert env.weights_in_place()
+
+
+async def test_replace_superseded_never_drops_the_new_copys_record(env: Env) -> None:
+    env.ctx.breaker = Breaker(settle_s=0.0)
+    env.client.always("GET", MODEL_PATH, env.live(uri="hf://org/m1-v2", path="/elsewhere"))
+    new = Manifest(key=REF.key, uid=UID, storage_uri="hf://org/m1-v2", dest="/elsewhere", owned=False)
+    env.manifests.save(new, env.layout.primary)  # the caller recorded the new copy first
+    await env.remover.replace_superseded(REF, env.manifest, NEW_TARGET)
+    assert not env.dest.exists()
+    kept = env.manifests.load(REF.key)
+    assert kept is not None and kept.storage_uri == "hf://org/m1-v2"
+
+
+async def test_replace_superseded_the_trash_refuses_keeps_the_record_and_counts_nothing(env: Env) -> None:
+    models = env.dest.parent
+    real = models.with_name("models-real")
+    models.rename(real)
+    models.symlink_to(real)
+    env.ctx.breaker = Breaker(settle_s=0.0)
+    env.client.always("GET", MODEL_PATH, env.live(uri="hf://org/m1-v2", path="/elsewhere"))
+    with pytest.raises(Requeue, match="trash"):
+        await env.remover.replace_superseded(REF, env.manifest, NEW_TARGET)
+    manifest = env.manifests.load(REF.key)
+    assert manifest is not None and manifest.removing == "superseded by a new spec"
+    assert read_tree(real / "m1") == WEIGHTS
+    assert env.ctx.breaker.pending == [f"{REF.key}@{URI}|{env.dest}"]
+
+
+# ------------------------------------------------------------------------ the records this path reads
+
+
+def test_an_old_manifest_without_the_new_fields_loads_and_unknown_fields_are_ignored(env: Env) -> None:
+    raw = json.loads(env.manifest.to_json())
+    del raw["reserved"], raw["removing"]
+    raw["from_a_newer_version"] = 1
+    loaded = Manifest.from_json(json.dumps(raw))
+    assert (loaded.reserved, loaded.removing, loaded.key) == (False, "", REF.key)
+
+
+def test_the_manifest_count_follows_saves_and_deletes_without_reading_files(env: Env) -> None:
+    assert env.manifests.count() == 1
+    _more_manifests(env, 2)
+    assert env.manifests.count() == 3
+    env.manifests.save(env.manifest, env.layout.primary)  # saved again: still one model
+    assert env.manifests.count() == 3
+    env.manifests.delete(REF.key)
+    env.manifests.delete(REF.key)
+    assert env.manifests.count() == 2
+    (env.layout.primary.manifests / "garbled.json").write_text("{")
+    assert ManifestStore(env.layout).count() == 3  # a fresh store (a restart) reads the names from disk

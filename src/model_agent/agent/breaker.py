@@ -1,24 +1,30 @@
 """The delete breaker: a mass removal is held until a person or time says it is real.
 
-Every removal that passed its live confirmation is first *pending* for a short settle period; only then
-is it allowed to act. While pending and after acting it counts toward the window. When the removals of the
-window (acted + pending) reach ``minimum`` and exceed ``ratio`` of this node's models, the breaker opens:
-nothing destructive happens until
+Every destructive act that passed its live confirmation (a removal, the retirement of a superseded copy) is
+first *pending* for a short settle period; only then may it act. :meth:`Breaker.decide` gives the verdict
+and counts nothing; the caller reports an act with :meth:`Breaker.record` once it has happened, so an act
+that fails and is retried is counted once, when it finally succeeds — and never if it never does. Within
+the window each key counts once, pending or acted. When the window's removals reach ``minimum`` and exceed
+``ratio`` of this node's models, the breaker opens: nothing destructive happens until
 
 * the window has passed since it opened (then it closes, the pending set is forgotten, and every held
   removal must pass its confirmation and this count again — a CRD that stays deleted re-trips it), or
 * an operator resumes it (``model-agent trash resume``, which touches ``resume`` in the agent's private
   area): removals confirmed during the following window are allowed.
 
+The share is taken against the node's models at the start of the window (the count when the window's first
+removal appeared, or the current count if it grew since), not the manifests left after earlier removals of
+the same window: three of seven is under half, however the three are spread over the window.
+
 The settle period is what makes a storm visible before anything moves: a CRD deletion or a namespace
 delete delivers its deletes within seconds, so they are all pending together and trip the breaker before
-the first weight is touched.
+the first weight is touched. A pending key that is not decided again for a whole window (its candidate
+went away without a verdict) stops counting.
 """
 
 from __future__ import annotations
 
 import time
-from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
@@ -56,8 +62,10 @@ class Breaker:
         self.resume_file = resume_file
         self._clock = clock
         self._wall = wall_clock
-        self._acted: deque[float] = deque()
-        self._pending: dict[str, float] = {}
+        self._acted: dict[str, float] = {}  # key -> when its act happened (once per key per window)
+        self._pending: dict[str, _Pending] = {}
+        # The node's model count when the window's first removal appeared; None while the window is empty.
+        self._window_models: int | None = None
         self.opened_at: float | None = None
         self.trips = 0
         self._resumed_until = 0.0
@@ -73,13 +81,19 @@ class Breaker:
         return sorted(self._pending)
 
     def _expire(self, now: float) -> None:
-        while self._acted and now - self._acted[0] > self.window_s:
-            self._acted.popleft()
+        for key, at in list(self._acted.items()):
+            if now - at > self.window_s:
+                del self._acted[key]
+        for key, p in list(self._pending.items()):
+            if now - p.last > self.window_s:
+                del self._pending[key]
         if self.opened_at is not None and now - self.opened_at >= self.window_s:
             self.opened_at = None
             self._pending.clear()
             if self.on_change:
                 self.on_change(False, "window passed; held removals must be confirmed again")
+        if not self._acted and not self._pending:
+            self._window_models = None
         self._check_resume(now)
 
     def _check_resume(self, now: float) -> None:
@@ -113,6 +127,22 @@ class Breaker:
             if self.on_change:
                 self.on_change(False, "every held removal turned out alive")
 
+    def _note_pending(self, key: str, total_models: int, now: float) -> _Pending:
+        if not self._acted and not self._pending:
+            self._window_models = total_models  # the window starts here: the share is taken against this
+        pending = self._pending.get(key)
+        if pending is None:
+            pending = self._pending[key] = _Pending(first=now, last=now)
+        pending.last = now
+        return pending
+
+    def _would_remove(self) -> int:
+        return len(self._acted.keys() | self._pending.keys())
+
+    def _models(self, total_models: int) -> int:
+        # Models that appeared during the window count too; removed ones still count until it ends.
+        return max(total_models, self._window_models or 0, 1)
+
     def suspect(self, key: str, total_models: int) -> None:
         """A candidate whose absence cannot be proven because its whole kind vanished (the CRD is gone).
 
@@ -121,39 +151,57 @@ class Breaker:
         """
         now = self._clock()
         self._expire(now)
-        self._pending.setdefault(key, now)
-        would_remove = len(self._acted) + len(self._pending)
-        if self.opened_at is None and would_remove >= self.minimum and would_remove > self.ratio * max(total_models, 1):
+        self._note_pending(key, total_models, now)
+        would_remove = self._would_remove()
+        models = self._models(total_models)
+        if self.opened_at is None and would_remove >= self.minimum and would_remove > self.ratio * models:
             self.opened_at = now
             self.trips += 1
             if self.on_change:
                 self.on_change(
                     True,
-                    f"{would_remove} of {total_models} models look gone within {self.window_s:.0f}s because their "
+                    f"{would_remove} of {models} models look gone within {self.window_s:.0f}s because their "
                     "resource type is gone (CRD deleted?); nothing is removed",
                 )
 
-    def decide(self, key: str, total_models: int) -> Decision:
+    def decide(self, key: str, total_models: int, *, settled: bool = False) -> Decision:
+        """The verdict for one confirmed removal; counts nothing as done (see :meth:`record`).
+
+        ``settled``: the removal passed its settle period before (a recorded intent found after a restart),
+        so it is not made to wait again; it is still counted and still held while the breaker is open.
+        """
         now = self._clock()
         self._expire(now)
-        first = self._pending.setdefault(key, now)
+        first = self._note_pending(key, total_models, now).first
         resumed = now < self._resumed_until
         if self.opened_at is not None and not resumed:
             return Decision(Verdict.HELD, delay_s=min(60.0, self.window_s))
-        would_remove = len(self._acted) + len(self._pending)
-        if not resumed and would_remove >= self.minimum and would_remove > self.ratio * max(total_models, 1):
+        would_remove = self._would_remove()
+        models = self._models(total_models)
+        if not resumed and would_remove >= self.minimum and would_remove > self.ratio * models:
             self.opened_at = now
             self.trips += 1
             if self.on_change:
                 self.on_change(
                     True,
-                    f"{would_remove} of {total_models} models would be removed within "
+                    f"{would_remove} of {models} models would be removed within "
                     f"{self.window_s:.0f}s (limit: more than {self.ratio:.0%} and at least {self.minimum})",
                 )
             return Decision(Verdict.HELD, delay_s=min(60.0, self.window_s))
         waited = now - first
-        if waited < self.settle_s:
+        if waited < self.settle_s and not settled:
             return Decision(Verdict.WAIT, delay_s=self.settle_s - waited)
-        del self._pending[key]
-        self._acted.append(now)
         return Decision(Verdict.ACT)
+
+    def record(self, key: str) -> None:
+        """The act :meth:`decide` allowed for ``key`` has happened: it counts in the window, once per key."""
+        now = self._clock()
+        self._pending.pop(key, None)
+        self._acted.pop(key, None)  # re-inserted at the end: the window runs from its latest act
+        self._acted[key] = now
+
+
+@dataclass
+class _Pending:
+    first: float  # when it was first confirmed: the settle period runs from here
+    last: float  # when it was last decided: a key not decided for a window stops counting

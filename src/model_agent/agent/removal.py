@@ -6,12 +6,26 @@ manifest, and why it is suspected gone) and:
 1. proves absence with :func:`~model_agent.agent.confirm.confirm_absence` (a live read with a deadline);
    an unknown outcome raises :class:`Requeue` (backoff) and an alive object drops the rumour — for a
    "no longer selects this node" candidate the live object is re-evaluated against the live Node;
-2. asks the :class:`~model_agent.agent.breaker.Breaker` (settle period, mass-removal hold);
-3. acts, in this order: cancel a running fetch; move owned weights to the trash (never the weights a live
-   successor or another live model with the same path needs; never for ``reserve-model-artifact``, nor
-   for ``local://``/``vendor://``/``pvc://`` sources); remove the node label; remove the ConfigMap entry;
-   delete the manifest. A kill between steps is safe: the manifest (the record that drives a retry) goes
-   last, and every step is idempotent.
+2. asks the :class:`~model_agent.agent.breaker.Breaker` for a verdict (settle period, mass-removal hold);
+3. re-checks the cache: an object of that key with a UID the confirmation did not see, not being deleted,
+   means the model was re-created meanwhile — nothing is done, the key is looked at again;
+4. acts, in this order: cancel a running fetch; record the intent (``removing`` in the manifest); remove
+   the node label; remove the ConfigMap entry; move owned weights to the trash; delete the manifest. No
+   label says ``Ready`` while the weights are not in place, whenever the process dies; the manifest (the
+   record that drives a retry, and after a restart the completion of the recorded intent, which is
+   confirmed again first) goes last, and every step is idempotent;
+5. tells the breaker the act happened (:meth:`~model_agent.agent.breaker.Breaker.record`) — only now, so a
+   removal that fails and is retried (the trash refuses the path, a write fails) is never counted twice.
+
+Weights are never moved when a live successor or another live model uses that path, for ``local://``,
+``vendor://`` and ``pvc://`` sources (not owned), nor when the model is reserved
+(``models.ome/reserve-model-artifact``): by the live object, by the manifest (recorded when the model was
+last published Ready), or by the last state the watch delivered for that UID (:meth:`Remover.note_last_state`
+— after a plain delete the live read answers 404 and only the last state still carries the label).
+
+:meth:`Remover.replace_superseded` retires a copy the live spec no longer points at, through the same
+breaker (decide, act, record) and in the same order (intent, weights, record); held, it raises
+:class:`Requeue` and the old copy stays.
 
 Each decision is counted (``model_agent_delete_confirmations{outcome}``) and each act or refusal is an Event.
 """
@@ -38,8 +52,8 @@ from model_agent.kube.resources import NODES
 from model_agent.local.layout import Layout, PathRefused, token_for
 from model_agent.local.manifest import Manifest, ManifestStore
 from model_agent.local.trash import Trash
-from model_agent.model.keys import ModelKind
-from model_agent.model.resources import InvalidModel, ModelObject, ModelRef, reserve_artifact
+from model_agent.model.keys import RESERVE_MODEL_ARTIFACT_LABEL, ModelKind
+from model_agent.model.resources import InvalidModel, ModelObject, ModelRef
 from model_agent.model.selection import node_selected
 from model_agent.ops.events import NORMAL, WARNING, EventRecorder, ObjectRef
 from model_agent.ops.metrics import Metrics
@@ -80,8 +94,21 @@ class RemovalContext:
 class Remover:
     def __init__(self, ctx: RemovalContext) -> None:
         self.ctx = ctx
+        # (key, uid) of objects whose last state heard from the watch carried reserve-model-artifact. A plain
+        # delete leaves the label only there (the live read answers 404); the manifest keeps it across restarts.
+        self._last_reserved: set[tuple[str, str]] = set()
 
     # ------------------------------------------------------------------------------------ entry points
+
+    def note_last_state(self, key: str, obj: dict[str, Any]) -> None:
+        """Fed with every model change: the new state, or for a delete the last state the store held."""
+        uid = str((obj.get("metadata") or {}).get("uid") or "")
+        if not uid:
+            return
+        if _reserved_in(obj):
+            self._last_reserved.add((key, uid))
+        else:
+            self._last_reserved.discard((key, uid))
 
     async def remove(self, candidate: Candidate) -> bool:
         """Remove everything of a model that is proven gone; True when something was removed."""
@@ -98,6 +125,7 @@ class Remover:
             ctx.breaker.forget(ref.key)
             if confirmation.live is not None:
                 ctx.repair_cache(confirmation.live)
+            await self._void_intent(ref)
             log.info("removal rumour dropped: the object is alive", key=ref.key, why=candidate.why)
             return False
         if (
@@ -110,13 +138,15 @@ class Remover:
             ctx.breaker.forget(ref.key)
             manifest = candidate.manifest
             manifest.uid = str(((confirmation.live or {}).get("metadata") or {}).get("uid") or "")
+            manifest.removing = ""
             await asyncio.to_thread(ctx.manifests.save, manifest, ctx.layout.record_root(Path(manifest.dest)))
             log.info("recreated object adopts the existing weights", key=ref.key)
             return False
-        reserved = False
-        if confirmation.live is not None and confirmation.outcome != Outcome.RECREATED_NEW_UID:
-            reserved = self._reserved(ref, confirmation.live)
-        decision = ctx.breaker.decide(ref.key, total_models=self._model_count())
+        # A removal decided (and begun) before a restart already passed its settle period.
+        recorded = candidate.manifest is not None and bool(candidate.manifest.removing)
+        if recorded:
+            log.info("completing a removal recorded before a restart", key=ref.key, why=candidate.why)
+        decision = ctx.breaker.decide(ref.key, total_models=self._model_count(), settled=recorded)
         if decision.verdict == Verdict.HELD:
             ctx.events.emit(
                 self._ref_for_event(ref, candidate, confirmation),
@@ -127,13 +157,19 @@ class Remover:
             raise Requeue("delete breaker open", decision.delay_s)
         if decision.verdict == Verdict.WAIT:
             raise Requeue("settling", decision.delay_s)
-        await self._act(candidate, confirmation, reserved)
+        await self._act(candidate, confirmation)
+        ctx.breaker.record(ref.key)
         return True
 
     async def replace_superseded(
         self, ref: ModelRef, manifest: Manifest, new_target: str, *, from_fetch: bool = False
     ) -> None:
-        """The live spec points at another source or path: retire the old copy (to the trash)."""
+        """The live spec points at another source or path: retire the old copy (to the trash).
+
+        Counted by the breaker like a removal (under a key naming the old copy, so the reconciler forgetting
+        the model's own pending removal does not reset it); held or settling, it raises :class:`Requeue` and
+        the old copy stays where it is.
+        """
         ctx = self.ctx
         confirmation = await self._confirm(ref, manifest.uid)
         if confirmation.outcome == Outcome.READ_FAILED:
@@ -143,14 +179,36 @@ class Remover:
             storage = (live.get("spec") or {}).get("storage") or {}
             if storage.get("storageUri") == manifest.storage_uri and (storage.get("path") or "") == manifest.dest:
                 raise Requeue("cache and server disagree about the spec; waiting for the watch")
+        act_key = superseded_key(ref, manifest)
+        decision = ctx.breaker.decide(act_key, total_models=self._model_count(), settled=bool(manifest.removing))
+        if decision.verdict == Verdict.HELD:
+            ctx.events.emit(
+                ObjectRef.of(live)
+                if live is not None
+                else ObjectRef(ref.kind.value, _API, ref.name, ref.namespace, manifest.uid),
+                WARNING,
+                "RemovalHeld",
+                f"retiring the old copy ({manifest.storage_uri}) on node {ctx.node_name} held by the delete breaker",
+            )
+            raise Requeue("delete breaker open; the old copy stays", decision.delay_s)
+        if decision.verdict == Verdict.WAIT:
+            raise Requeue("settling before the old copy is retired", decision.delay_s)
         if not from_fetch:  # called by the new copy's own fetch job, which must not cancel itself
             await ctx.fetcher.cancel(ref.key)
+        # The record on disk may already be the new copy's (saved before this was called): never drop that one.
+        current = await asyncio.to_thread(ctx.manifests.load, ref.key)
+        still_old = current is not None and (current.storage_uri, current.dest) == (manifest.storage_uri, manifest.dest)
+        if current is not None and still_old and not current.removing:
+            current.removing = "superseded by a new spec"
+            await asyncio.to_thread(ctx.manifests.save, current, ctx.layout.record_root(Path(current.dest)))
         # From a fetch the new copy is complete in staging and replaces the old one even at the same path;
         # otherwise (a local:// or restored copy taking over) the new spec may be using that very directory.
         needed = self._needed_elsewhere(ref, Path(manifest.dest), None if from_fetch else new_target)
         if manifest.owned and not needed:
             await self._quarantine(manifest, "superseded by a new spec")
-        await asyncio.to_thread(ctx.manifests.delete, ref.key)
+        if still_old:
+            await asyncio.to_thread(ctx.manifests.delete, ref.key)
+        ctx.breaker.record(act_key)
 
     # ----------------------------------------------------------------------------------------- helpers
 
@@ -179,31 +237,50 @@ class Remover:
         labels = (node.get("metadata") or {}).get("labels") or {}
         return not node_selected(obj.spec.storage, labels, self.ctx.node_name)
 
-    def _reserved(self, ref: ModelRef, live: dict[str, Any]) -> bool:
-        try:
-            return reserve_artifact(ModelObject.from_dict(ref.kind, live))
-        except InvalidModel:
-            return False
+    async def _void_intent(self, ref: ModelRef) -> None:
+        """The object is alive after all: a removal intent recorded for it (before a restart) is void."""
+        manifest = await asyncio.to_thread(self.ctx.manifests.load, ref.key)
+        if manifest is not None and manifest.removing:
+            manifest.removing = ""
+            await asyncio.to_thread(self.ctx.manifests.save, manifest, self.ctx.layout.record_root(Path(manifest.dest)))
+
+    def _reserved(self, candidate: Candidate, confirmation: Confirmation, manifest: Manifest | None) -> bool:
+        """Reserved by the live object, by the manifest, or by the last state heard for one of these UIDs."""
+        key = candidate.ref.key
+        live = confirmation.live
+        # A successor's label speaks for the successor, not for these (the old object's) weights.
+        if live is not None and confirmation.outcome != Outcome.RECREATED_NEW_UID and _reserved_in(live):
+            return True
+        if manifest is not None and manifest.reserved:
+            return True
+        uids = {candidate.uid, manifest.uid if manifest is not None else ""} - {""}
+        return any((key, uid) in self._last_reserved for uid in uids)
 
     def _model_count(self) -> int:
-        return sum(1 for _ in self.ctx.manifests.all())
+        return self.ctx.manifests.count()
 
     def _ref_for_event(self, ref: ModelRef, candidate: Candidate, confirmation: Confirmation) -> ObjectRef:
         if confirmation.live is not None:
             return ObjectRef.of(confirmation.live)
-        return ObjectRef(ref.kind.value, "ome.io/v1beta1", ref.name, ref.namespace, candidate.uid)
+        return ObjectRef(ref.kind.value, _API, ref.name, ref.namespace, candidate.uid)
+
+    def _recreated_in_cache(self, ref: ModelRef, known_uids: set[str]) -> bool:
+        """Does the cache now hold an object of this key with a UID the decision did not see, not deleting?"""
+        for raw in self.ctx.cached_models():
+            meta = raw.get("metadata") or {}
+            if _ref_of(raw) != ref or meta.get("deletionTimestamp"):
+                continue
+            uid = str(meta.get("uid") or "")
+            if uid and uid not in known_uids:
+                return True
+        return False
 
     def _keys_of_other_live_models(self, ref: ModelRef) -> set[str]:
         keys: set[str] = set()
         for raw in self.ctx.cached_models():
             meta = raw.get("metadata") or {}
-            try:
-                other = ModelRef(
-                    ModelKind(str(raw.get("kind"))), str(meta.get("namespace") or ""), str(meta.get("name"))
-                )
-            except ValueError:
-                continue
-            if other != ref and not meta.get("deletionTimestamp"):
+            other = _ref_of(raw)
+            if other is not None and other != ref and not meta.get("deletionTimestamp"):
                 keys.update((other.label_key, other.configmap_key))
         return keys
 
@@ -233,42 +310,75 @@ class Remover:
         return False
 
     async def _quarantine(self, manifest: Manifest, reason: str) -> None:
+        """Move the weights into the trash; :class:`Requeue` when the trash refuses or the move fails."""
         ctx = self.ctx
         try:
             root = ctx.layout.root_of(Path(manifest.dest))
         except PathRefused:
             log.error("refusing to quarantine a path outside the roots", dest=manifest.dest)
             return
-        entry = await asyncio.to_thread(ctx.trash.quarantine, manifest, root, reason)
+        try:
+            entry = await asyncio.to_thread(ctx.trash.quarantine, manifest, root, reason)
+        except (PathRefused, OSError) as exc:
+            log.error("weights could not be moved to the trash; will retry", key=manifest.key, error=str(exc))
+            raise Requeue(f"the weights could not be moved to the trash: {exc}") from None
         if entry is not None:
             ctx.metrics.quarantined.inc()
             log.info("weights quarantined", key=manifest.key, dest=manifest.dest, trash=str(entry.directory))
 
-    async def _act(self, candidate: Candidate, confirmation: Confirmation, reserved: bool) -> None:
+    def _remove_staging(self, key: str) -> None:
+        for root in self.ctx.layout.roots:
+            shutil.rmtree(root.staging / token_for(key), ignore_errors=True)
+
+    async def _act(self, candidate: Candidate, confirmation: Confirmation) -> None:
         ctx = self.ctx
         ref = candidate.ref
+        live_uid = str(((confirmation.live or {}).get("metadata") or {}).get("uid") or "")
+        known_uids = {candidate.uid, live_uid} - {""}
+        if self._recreated_in_cache(ref, known_uids):
+            self._back_off_for_a_successor(ref)
         await ctx.fetcher.cancel(ref.key)
         ctx.fetcher.clear_failure(ref.key)
         # Re-read the record now that no fetch can publish: one may have finished during the confirmation read.
-        manifest = ctx.manifests.load(ref.key) or candidate.manifest
-        kept = ""
-        if manifest is not None and manifest.owned:
-            if reserved:
-                kept = " (weights kept: reserve-model-artifact)"
-            elif self._needed_elsewhere(ref, Path(manifest.dest)):
-                kept = " (weights kept: another live model uses this path or one inside it)"
-            else:
-                await self._quarantine(manifest, candidate.why)
-        for root in ctx.layout.roots:
-            shutil.rmtree(root.staging / token_for(ref.key), ignore_errors=True)
-        # A truncated label or ConfigMap key can be shared with (or read back from) another, live model's key:
-        # never remove a key that a cached live model owns.
+        on_disk = await asyncio.to_thread(ctx.manifests.load, ref.key)
+        manifest = on_disk or candidate.manifest
+        if manifest is not None:
+            known_uids.add(manifest.uid)
+        if self._recreated_in_cache(ref, known_uids - {""}):  # the cancel awaited: look once more
+            self._back_off_for_a_successor(ref)
+        # 1. The intent: from here on a restart finds this removal decided, and completes it once confirmed again.
+        if on_disk is not None and not on_disk.removing:
+            on_disk.removing = candidate.why or "removal"
+            await asyncio.to_thread(ctx.manifests.save, on_disk, ctx.layout.record_root(Path(on_disk.dest)))
+        # 2., 3. Label, then entry. A truncated label or ConfigMap key can be shared with (or read back from)
+        # another, live model's key: never remove a key that a cached live model owns.
         owned_by_others = self._keys_of_other_live_models(ref)
         if ref.label_key not in owned_by_others:
             await ctx.labels.ensure(ref.label_key, None)
         if ref.configmap_key not in owned_by_others:
             await ctx.configmap.ensure(ref.configmap_key, None)
+        # 4. The weights, only now that nothing advertises them.
+        kept = ""
+        if manifest is not None and manifest.owned:
+            if self._reserved(candidate, confirmation, manifest):
+                kept = " (weights kept: reserve-model-artifact)"
+            elif self._needed_elsewhere(ref, Path(manifest.dest)):
+                kept = " (weights kept: another live model uses this path or one inside it)"
+            else:
+                try:
+                    await self._quarantine(manifest, candidate.why)
+                except Requeue as exc:
+                    ctx.events.emit(
+                        self._ref_for_event(ref, candidate, confirmation),
+                        WARNING,
+                        "RemovalFailed",
+                        f"label and entry removed from node {ctx.node_name}, weights not moved yet: {exc.why}",
+                    )
+                    raise
+        await asyncio.to_thread(self._remove_staging, ref.key)
+        # 5. The record, last.
         await asyncio.to_thread(ctx.manifests.delete, ref.key)
+        self._last_reserved.difference_update((ref.key, uid) for uid in known_uids)
         ctx.events.emit(
             self._ref_for_event(ref, candidate, confirmation),
             NORMAL,
@@ -276,6 +386,38 @@ class Remover:
             f"removed from node {ctx.node_name} after {confirmation.outcome.value} ({candidate.why}){kept}",
         )
         log.info("model removed", key=ref.key, outcome=confirmation.outcome.value, why=candidate.why)
+
+    def _back_off_for_a_successor(self, ref: ModelRef) -> None:
+        """A re-created object reached the cache after the confirming read: it is the reconciler's to handle."""
+        self.ctx.breaker.forget(ref.key)
+        log.info("removal abandoned: the cache now holds a re-created object", key=ref.key)
+        raise Requeue("a re-created object appeared in the cache after the confirmation read")
+
+
+_API = "ome.io/v1beta1"
+
+
+def superseded_key(ref: ModelRef, manifest: Manifest) -> str:
+    """The breaker's key for retiring one old copy of a model (its own removal counts under ``ref.key``)."""
+    return f"{ref.key}@{manifest.storage_uri}|{manifest.dest}"
+
+
+def _ref_of(raw: dict[str, Any]) -> ModelRef | None:
+    meta = raw.get("metadata") or {}
+    try:
+        return ModelRef(ModelKind(str(raw.get("kind"))), str(meta.get("namespace") or ""), str(meta.get("name")))
+    except ValueError:
+        return None
+
+
+def _reserved_in(obj: dict[str, Any]) -> bool:
+    """:func:`~model_agent.model.resources.reserve_artifact` for a raw object, read from its labels alone.
+
+    Every model change passes here, so the spec is not parsed; an object too malformed to parse still
+    keeps its weights when it says so.
+    """
+    labels = (obj.get("metadata") or {}).get("labels") or {}
+    return isinstance(labels, dict) and str(labels.get(RESERVE_MODEL_ARTIFACT_LABEL, "")).lower() == "true"
 
 
 def _wants(live: dict[str, Any] | None, storage_uri: str, dest: str) -> bool:

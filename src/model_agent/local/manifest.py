@@ -4,19 +4,27 @@ A manifest is written only after every file of a fetch was verified, fsynced and
 its existence means "these exact bytes were complete and verified at publish time". It records the model
 identity (key and UID), the source (URI and resolved revision), the destination, whether the agent owns
 the files (it fetched them, so it may quarantine them), every file with size, hash and mtime, and the
-metadata parsed from the files (so a restart needs no re-parse).
+metadata parsed from the files (so a restart needs no re-parse). It also carries two facts for the one
+destructive path: ``reserved`` (the object had ``models.ome/reserve-model-artifact`` when it was last
+published Ready, so its weights are kept even once the object is gone) and ``removing`` (a removal was
+decided and has begun: the durable intent a restart finds and completes after confirming again).
 
 Contract: writes are atomic (temp file, fsync, rename, fsync of the directory); a garbled manifest reads as
-absent-with-a-problem, never as an exception out of :meth:`ManifestStore.load`. A fast check compares size
-and mtime of every recorded file with the disk (no hashing); full verification re-hashes.
+absent-with-a-problem, never as an exception out of :meth:`ManifestStore.load`. Fields a manifest lacks take
+their defaults (older manifests load); fields this version does not know are ignored (newer ones load). A
+fast check compares size and mtime of every recorded file with the disk (no hashing); full verification
+re-hashes. :meth:`ManifestStore.count` is cheap (no file is read): the delete breaker asks it on every
+decision.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import json
 import os
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
@@ -55,6 +63,14 @@ class Manifest:
     published_at: float = 0.0
     verified_at: float = 0.0
     version: int = MANIFEST_VERSION
+    # ``models.ome/reserve-model-artifact`` as last published Ready: a removal keeps these weights even when
+    # the object is already gone (a plain delete leaves nothing else to read it from). Absent in old manifests.
+    reserved: bool = False
+    # Non-empty once a removal of this model was decided (why): the intent, written before the label goes.
+    removing: str = ""
+    # Who fetched these files (agent.ownership.Owner.fingerprint: namespace, URI, Secret name, parameters):
+    # a trashed copy is restored only to its owner. "" in manifests written before it (own key only).
+    owner: str = ""
 
     @property
     def total_bytes(self) -> int:
@@ -66,8 +82,9 @@ class Manifest:
     @classmethod
     def from_json(cls, text: str) -> Manifest:
         raw = json.loads(text)
+        known = {f.name for f in dataclasses.fields(cls)}
         files = [FileRecord(**f) for f in raw.pop("files", [])]
-        return cls(files=files, **raw)
+        return cls(files=files, **{k: v for k, v in raw.items() if k in known})
 
     def fast_check(self) -> list[str]:
         """Problems found by stat alone (missing file, size or mtime changed); empty when intact."""
@@ -122,6 +139,10 @@ class ManifestStore:
     def __init__(self, layout: Layout) -> None:
         self.layout = layout
         self.problems: dict[str, str] = {}  # file -> why it could not be read
+        # The manifest file names on disk, read once (names only) and then kept by save and delete: the only
+        # writers of manifests are this process's. Guarded: save and delete run in worker threads.
+        self._names: set[str] | None = None
+        self._names_lock = threading.Lock()
 
     def _file(self, root: Root, key: str) -> Path:
         return root.manifests / f"{token_for(key)}.json"
@@ -149,7 +170,11 @@ class ManifestStore:
                     self._file(other, manifest.key).unlink()
         if not manifest.published_at:
             manifest.published_at = time.time()
-        write_atomic(self._file(root, manifest.key), manifest.to_json().encode())
+        path = self._file(root, manifest.key)
+        write_atomic(path, manifest.to_json().encode())
+        with self._names_lock:
+            if self._names is not None:
+                self._names.add(path.name)
 
     def delete(self, key: str) -> None:
         for root in self.layout.roots:
@@ -157,6 +182,21 @@ class ManifestStore:
             with contextlib.suppress(FileNotFoundError):
                 path.unlink()
                 fsync_dir(path.parent)
+        with self._names_lock:
+            if self._names is not None:
+                self._names.discard(f"{token_for(key)}.json")
+
+    def count(self) -> int:
+        """How many models have a manifest on this node (unreadable ones included), without reading any."""
+        with self._names_lock:
+            if self._names is None:
+                self._names = {
+                    path.name
+                    for root in self.layout.roots
+                    if root.manifests.is_dir()
+                    for path in root.manifests.glob("*.json")
+                }
+            return len(self._names)
 
     def all(self) -> Iterator[Manifest]:
         for root in self.layout.roots:
