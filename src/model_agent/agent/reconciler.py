@@ -17,8 +17,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import os
+import shutil
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -28,6 +30,7 @@ from typing import Any
 
 import structlog
 
+from model_agent.agent.converge import Act, Facts, FailureFact, JobFact, LocalDir, ManifestFact, TargetKind, decide
 from model_agent.agent.credentials import read_storage_secret, resolve_hf_token
 from model_agent.agent.fetcher import Fetcher, Job
 from model_agent.agent.node_configmap import NodeConfigMap
@@ -37,7 +40,8 @@ from model_agent.agent.requeue import Requeue
 from model_agent.kube.client import ApiError, ApiUnavailable, KubeClient
 from model_agent.kube.resources import MODEL_RESOURCES
 from model_agent.local.layout import Layout, PathRefused, Root, token_for
-from model_agent.local.manifest import Manifest, ManifestStore
+from model_agent.local.listing import list_local_files
+from model_agent.local.manifest import FileRecord, Manifest, ManifestStore
 from model_agent.local.trash import Trash
 from model_agent.model.entry import DownloadProgress, ModelEntry, rfc3339
 from model_agent.model.keys import ModelState
@@ -63,6 +67,8 @@ PROGRESS_INTERVAL_S = 30.0
 # Sources whose files the agent fetched itself, and may therefore quarantine.
 OWNED_TYPES = {StorageType.HUGGINGFACE, StorageType.OCI, StorageType.S3, StorageType.GCS, StorageType.AZURE}
 FETCHABLE_TYPES = {StorageType.HUGGINGFACE}
+# A fetch that completed but could not retire the old copy yet (confirmation read failed, breaker held).
+SWITCH_DEFERRED = "SwitchDeferred"
 
 
 @dataclass(frozen=True)
@@ -79,7 +85,11 @@ class Target:
         return f"{self.storage_uri}|{self.dest}"
 
     def matches(self, manifest: Manifest) -> bool:
-        return manifest.storage_uri == self.storage_uri and Path(manifest.dest) == self.dest
+        # ``dest`` is resolved (symlinks, '//', a trailing '/'); a record written from another spelling of the
+        # same directory (an older agent, a symlinked root) is resolved the same way before comparing.
+        if manifest.storage_uri != self.storage_uri:
+            return False
+        return Path(manifest.dest) == self.dest or Path(os.path.realpath(manifest.dest)) == self.dest
 
 
 class Invalid(Exception):
@@ -152,9 +162,11 @@ class Reconciler:
         if stype == StorageType.VENDOR and not raw_path:
             return Target(uri, Path("/"), self.ctx.layout.primary, stype)
         if stype == StorageType.LOCAL:
-            # Local paths are read, never written or deleted: they need not be under the models root.
+            # Local paths are read, never written or deleted: they need not be under the models root. The
+            # resolved path is the identity, as for every other target: a record and a spec that spell one
+            # directory differently are the same target, and a re-pointed symlink is a new one.
             try:
-                path = self.ctx.layout.check_local(raw_path)
+                path = Path(os.path.realpath(self.ctx.layout.check_local(raw_path)))
             except PathRefused as exc:
                 raise Invalid("InvalidPath", str(exc)) from None
             return Target(uri, path, self.ctx.layout.primary, stype)
@@ -242,37 +254,109 @@ class Reconciler:
     async def _converge(
         self, ref: ModelRef, obj: ModelObject, raw: dict[str, Any], target: Target, manifest: Manifest | None
     ) -> None:
+        """Gather the facts for one wanted model, :func:`~model_agent.agent.converge.decide`, and act."""
         ctx = self.ctx
         ctx.remover.ctx.breaker.forget(ref.key)  # wanted here: not a pending removal any more
-        superseded: Manifest | None = None
-        if manifest is not None and not target.matches(manifest):
-            # The spec now points elsewhere. The new copy is fetched into staging while the old one stays in
-            # place; the old one goes to the trash (after a live read proves the spec changed) only when the
-            # new one is complete, just before it is switched in.
-            superseded, manifest = manifest, None
-        if manifest is not None:
-            problems = manifest.fast_check()
-            if not problems:
-                if manifest.uid != obj.metadata.uid:
-                    manifest.uid = obj.metadata.uid  # same source and path, recreated object: adopt
-                    await asyncio.to_thread(ctx.manifests.save, manifest, target.root)
-                await self._publish_state(ref, obj, ModelState.READY, manifest=manifest)
-                self._enrich_spec_later(ref, obj, raw, manifest)
-                return
+        facts, problems = self._converge_facts(ref, target, manifest)
+        if facts.manifest == ManifestFact.DAMAGED:
             log.warning("manifest check failed", key=ref.key, problems=problems[:5])
             ctx.metrics.drift_repairs.labels("files").inc()
-        if target.storage_type in (StorageType.LOCAL, StorageType.VENDOR):
-            if superseded is not None:
-                await ctx.remover.replace_superseded(ref, superseded, target.id)
-            await self._adopt_in_place(ref, obj, raw, target)
+        decision = decide(facts)
+        # While the new target is not Ready the old copy stays in place with its manifest (it no longer matches
+        # the spec, so it is "superseded"); patching the spec back makes it match, and Ready, again.
+        superseded = manifest if decision.superseded else None
+        current = manifest if facts.manifest in (ManifestFact.INTACT, ManifestFact.DAMAGED) else None
+        if decision.cancel_job:
+            job = ctx.fetcher.job(ref.key)
+            log.info("cancelling a fetch the spec no longer wants", key=ref.key, job=job.target if job else None)
+            await ctx.fetcher.cancel(ref.key)
+        if decision.clean_staging and decision.act != Act.RESTORE:
+            await self._clean_staging(ref)
+        if decision.act == Act.READY:
+            assert current is not None
+            if current.uid != obj.metadata.uid:
+                current.uid = obj.metadata.uid  # same source and path, recreated object: adopt
+                await asyncio.to_thread(ctx.manifests.save, current, target.root)
+            await self._publish_state(ref, obj, ModelState.READY, manifest=current)
+            self._enrich_spec_later(ref, obj, raw, current)
             return
-        if not target.dest.exists() and ctx.trash.find_restorable(target.storage_uri, str(target.dest)):
-            if superseded is not None:
-                await ctx.remover.replace_superseded(ref, superseded, target.id)
-            if await self._restore_from_trash(ref, obj, target):
+        if decision.act == Act.FAIL_LOCAL:
+            await self._fail(ref, raw, decision.reason, _local_failure_message(target, problems, decision.reason))
+            ctx.requeue_after(ref.key, 30.0)
+            return
+        if decision.act == Act.ADOPT:
+            await self._adopt_in_place(ref, obj, raw, target, superseded)
+            return
+        if decision.act == Act.RESTORE:
+            if await self._restore_from_trash(ref, obj, target, superseded):
+                await self._clean_staging(ref)
                 ctx.requeue_after(ref.key, 0)
                 return
-        await self._ensure_fetch(ref, obj, raw, target, manifest, superseded)
+            decision = decide(dataclasses.replace(facts, restorable=False, job=JobFact.NONE))
+        await self._ensure_fetch(ref, obj, raw, target, decision.act, current, superseded)
+
+    def _converge_facts(self, ref: ModelRef, target: Target, manifest: Manifest | None) -> tuple[Facts, list[str]]:
+        """The facts :func:`decide` needs, read from the manifest, the disk, the trash and the fetcher."""
+        ctx = self.ctx
+        problems: list[str] = []
+        if manifest is None:
+            manifest_fact = ManifestFact.NONE
+        elif not target.matches(manifest):
+            manifest_fact = ManifestFact.SUPERSEDED
+        else:
+            problems = manifest.fast_check()
+            manifest_fact = ManifestFact.DAMAGED if problems else ManifestFact.INTACT
+        if target.storage_type == StorageType.LOCAL:
+            kind = TargetKind.LOCAL
+        elif target.storage_type == StorageType.VENDOR:
+            kind = TargetKind.VENDOR
+        elif target.storage_type in FETCHABLE_TYPES or target.storage_type in ctx.sources:
+            kind = TargetKind.FETCHED
+        else:
+            kind = TargetKind.UNSUPPORTED
+        local = LocalDir.NOT_LOCAL
+        if kind == TargetKind.LOCAL:
+            if not target.dest.is_dir():
+                local = LocalDir.MISSING
+            elif any(p.endswith(": missing") for p in problems):
+                local = LocalDir.FILES_MISSING
+            else:
+                local = LocalDir.PRESENT
+        restorable = (
+            manifest_fact != ManifestFact.INTACT
+            and kind in (TargetKind.FETCHED, TargetKind.UNSUPPORTED)
+            and not target.dest.exists()
+            and ctx.trash.find_restorable(target.storage_uri, str(target.dest)) is not None
+        )
+        job = ctx.fetcher.job(ref.key)
+        job_fact = JobFact.NONE
+        if job is not None:
+            job_fact = JobFact.THIS_TARGET if job.target == target.id else JobFact.OTHER_TARGET
+        failure = ctx.fetcher.failure(ref.key, target.id)
+        failure_fact = FailureFact.NONE
+        if failure is not None:
+            due = failure.retry_at - time.monotonic() <= 0
+            if not failure.retryable:
+                failure_fact = FailureFact.FINAL
+            elif due:
+                failure_fact = FailureFact.RETRY_DUE
+            elif failure.reason == SWITCH_DEFERRED:
+                failure_fact = FailureFact.SWITCH_DEFERRED
+            else:
+                failure_fact = FailureFact.BACKING_OFF
+        facts = Facts(manifest_fact, kind, local, restorable, job_fact, failure_fact)
+        return facts, problems
+
+    async def _clean_staging(self, ref: ModelRef) -> None:
+        """Remove this key's staging: no job of the wanted target uses it (an obsolete or deferred fetch's copy).
+
+        Staging is the agent's scratch space, never a model's published weights; it is removed in a thread.
+        """
+        for root in self.ctx.layout.roots:
+            staging = root.staging / token_for(ref.key)
+            if staging.exists():
+                log.info("removing staging no fetch owns", key=ref.key, staging=str(staging))
+                await asyncio.to_thread(shutil.rmtree, staging, True)
 
     async def _ensure_fetch(
         self,
@@ -280,11 +364,12 @@ class Reconciler:
         obj: ModelObject,
         raw: dict[str, Any],
         target: Target,
+        act: Act,
         manifest: Manifest | None,
         superseded: Manifest | None = None,
     ) -> None:
         ctx = self.ctx
-        if target.storage_type not in FETCHABLE_TYPES and target.storage_type not in ctx.sources:
+        if act == Act.UNSUPPORTED:
             await self._fail(
                 ref,
                 raw,
@@ -293,17 +378,21 @@ class Reconciler:
             )
             return
         job = ctx.fetcher.job(ref.key)
-        if job is not None and job.target == target.id:
+        if act == Act.WAIT and job is not None and job.target == target.id:
             await self._publish_state(ref, obj, ModelState.UPDATING, progress=job.progress)
             return
         failure = ctx.fetcher.failure(ref.key, target.id)
-        if failure is not None:
+        if act == Act.WAIT and failure is not None:
+            # A deferred switch: the new copy waits in staging until the old one can be retired. Not a failure.
+            await self._publish_state(ref, obj, ModelState.UPDATING, progress=Progress(phase="switching"))
+            ctx.requeue_after(ref.key, max(0.0, failure.retry_at - time.monotonic()))
+            return
+        if act == Act.FAIL and failure is not None:
             remaining = failure.retry_at - time.monotonic()
-            if not failure.retryable or remaining > 0:
-                await self._fail(ref, raw, failure.reason, failure.message)
-                if failure.retryable:
-                    ctx.requeue_after(ref.key, remaining)
-                return
+            await self._fail(ref, raw, failure.reason, failure.message)
+            if failure.retryable:
+                ctx.requeue_after(ref.key, max(0.0, remaining))
+            return
         await self._publish_state(ref, obj, ModelState.UPDATING, progress=Progress(phase="scanning"))
         submitted = await ctx.fetcher.submit(
             ref.key, target.id, lambda job: self._fetch(job, ref, obj, target, manifest, superseded)
@@ -378,11 +467,15 @@ class Reconciler:
                         if "md5" in exc.message.lower():
                             ctx.metrics.md5_failed.labels(*labels).inc()
                     raise
+            if not self._still_wanted(ref, target):
+                # The spec moved on while this copy was fetched (A -> B -> A): neither retire the copy the spec
+                # wants again nor publish over it. The staging left behind is cleaned by the next reconcile.
+                raise SourceError("Obsolete", "the spec no longer wants this source and path; not switching to it")
             if superseded is not None:
                 try:
                     await ctx.remover.replace_superseded(ref, superseded, target.id, from_fetch=True)
                 except Requeue as exc:
-                    raise SourceError("SwitchDeferred", f"the old copy cannot be retired yet: {exc.why}") from None
+                    raise SourceError(SWITCH_DEFERRED, f"the old copy cannot be retired yet: {exc.why}") from None
             job.commit()  # publishing: from here a cancel waits until the manifest records what was published
             files = await job.in_thread(publish, request, result)
         finally:
@@ -417,6 +510,16 @@ class Reconciler:
             f"{len(files)} files ({manifest.total_bytes} bytes, {fetched} fetched) at revision "
             f"{result.revision[:12]} on node {ctx.node_name}",
         )
+
+    def _still_wanted(self, ref: ModelRef, target: Target) -> bool:
+        """Does the cached object still want exactly this target (same source, same resolved path)?"""
+        raw = self.cached_object(ref)
+        if raw is None:
+            return False
+        try:
+            return self.target_of(ModelObject.from_dict(ref.kind, raw)).id == target.id
+        except (InvalidModel, Invalid):
+            return False
 
     @staticmethod
     def _reads_secret(target: Target, obj: ModelObject) -> bool:
@@ -458,15 +561,29 @@ class Reconciler:
             return None
         return _metadata_record(parsed)
 
-    async def _adopt_in_place(self, ref: ModelRef, obj: ModelObject, raw: dict[str, Any], target: Target) -> None:
-        """local:// and vendor://: nothing to fetch; verify and parse, never own the files."""
+    async def _adopt_in_place(
+        self,
+        ref: ModelRef,
+        obj: ModelObject,
+        raw: dict[str, Any],
+        target: Target,
+        superseded: Manifest | None = None,
+    ) -> None:
+        """local:// and vendor://: nothing to fetch; record and parse, never own the files.
+
+        A ``local://`` directory's files (bounded listing: path, size, mtime) go into the manifest, so the fast
+        check notices when they vanish. The superseded copy, if any, is retired only now that the new target is
+        known to be there, and before the new record replaces the old one (one manifest per key).
+        """
         ctx = self.ctx
         metadata: dict[str, Any] | None = None
+        files: list[FileRecord] = []
         if target.storage_type == StorageType.LOCAL:
             if not target.dest.is_dir():
-                await self._fail(ref, raw, "LocalPathNotFound", f"{target.dest} does not exist on this node")
+                await self._fail(ref, raw, "LocalPathNotFound", _local_failure_message(target, [], "LocalPathNotFound"))
                 ctx.requeue_after(ref.key, 30.0)
                 return
+            files = await asyncio.to_thread(list_local_files, target.dest)
             metadata = await asyncio.to_thread(self._parse_metadata, obj, target.dest, 0)
         manifest = Manifest(
             key=ref.key,
@@ -476,16 +593,21 @@ class Reconciler:
             generation=obj.metadata.generation,
             source_type=target.storage_type.value,
             owned=False,
-            files=[],
+            files=files,
             metadata=metadata,
         )
         manifest.verified_at = time.time()
+        if superseded is not None:
+            await ctx.remover.replace_superseded(ref, superseded, target.id)
         await asyncio.to_thread(ctx.manifests.save, manifest, target.root)
         ctx.metrics.downloads_success.labels(*_metric_labels(ref)).inc()
         await self._publish_state(ref, obj, ModelState.READY, manifest=manifest)
         self._enrich_spec_later(ref, obj, raw, manifest)
 
-    async def _restore_from_trash(self, ref: ModelRef, obj: ModelObject, target: Target) -> bool:
+    async def _restore_from_trash(
+        self, ref: ModelRef, obj: ModelObject, target: Target, superseded: Manifest | None = None
+    ) -> bool:
+        """Rename a trashed copy of the target back; the superseded copy is retired only once it checks out."""
         ctx = self.ctx
         if target.dest.exists():
             return False
@@ -499,6 +621,8 @@ class Reconciler:
         if manifest.fast_check():
             log.warning("restored copy failed its check; fetching", key=ref.key)
             return False
+        if superseded is not None:
+            await ctx.remover.replace_superseded(ref, superseded, target.id)
         await asyncio.to_thread(ctx.manifests.save, manifest, target.root)
         ctx.metrics.restored.inc()
         ctx.events.emit(
@@ -522,7 +646,12 @@ class Reconciler:
         started: float | None = None,
         reason: str | None = None,
     ) -> None:
-        """Label first, then the ConfigMap entry (OME's order: the controller trusts the label's node)."""
+        """Write the ConfigMap entry and the node label; for ``Ready`` the entry first, the label after it.
+
+        A ``Ready`` label sends inference pods to this node, so it must never say more than the entry does: the
+        label is written only after the entry write succeeded (a failed entry write raises, and the label keeps
+        its old value). Other states leave ``Ready`` and are written together.
+        """
         ctx = self.ctx
         current = ModelEntry.from_json(ctx.configmap.data().get(ref.configmap_key, "") or "")
         config = _config_from_record(manifest.metadata) if manifest is not None and manifest.metadata else None
@@ -544,7 +673,11 @@ class Reconciler:
                 entry_progress = current.progress  # keep the last progress write; no churn
         entry = ModelEntry(name=ref.name, status=state.value, config=config, progress=entry_progress)
         value = _with_reason(entry.to_json(), reason if state == ModelState.FAILED else None)
-        # Both writes are level-triggered and batched; sending them together halves the latency.
+        if state == ModelState.READY:
+            await ctx.configmap.ensure(ref.configmap_key, value)
+            await ctx.labels.ensure(ref.label_key, state.value)
+            return
+        # Leaving Ready (or never there): both writes are level-triggered and batched; together halves latency.
         await asyncio.gather(
             ctx.labels.ensure(ref.label_key, state.value), ctx.configmap.ensure(ref.configmap_key, value)
         )
@@ -610,6 +743,17 @@ class Reconciler:
                 )
         except (ApiError, ApiUnavailable) as exc:
             log.info("spec enrichment skipped", key=ref.key, error=str(exc))
+
+
+def _local_failure_message(target: Target, problems: list[str], reason: str) -> str:
+    if reason == "LocalFilesChanged":
+        missing = [p.rsplit(": ", 1)[0] for p in problems if p.endswith(": missing")]
+        shown = ", ".join(missing[:5]) + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
+        return (
+            f"{len(missing)} files that {target.dest} held when it was adopted are gone ({shown}); restore them, "
+            "or re-create the model to adopt the directory as it is now"
+        )
+    return f"{target.dest} does not exist on this node"
 
 
 def _is_set(value: Any) -> bool:
