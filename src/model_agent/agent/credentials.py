@@ -2,7 +2,8 @@
 
 Order: the Secret named by ``spec.storage.key`` (data key ``parameters.secretKey`` or ``token``), then
 ``parameters.token`` (plain text in the CR: accepted, with a warning the caller turns into an Event), then
-the process-wide ``HF_TOKEN``; none means anonymous.
+the process-wide ``HF_TOKEN`` — the platform's, so only for trusted models (ClusterBaseModels and BaseModels of
+the namespaces the admin trusts, :mod:`model_agent.sources.egress`); none means anonymous.
 
 Differences from OME, deliberately:
 * a Secret that is named but missing (or lacks the data key) is an error (``SecretNotFound``), not a
@@ -30,10 +31,18 @@ from model_agent.model.keys import ModelKind
 from model_agent.model.resources import ModelObject
 from model_agent.ops.logging import register_secret
 from model_agent.sources.base import SourceError
+from model_agent.sources.egress import CLUSTER_KIND, NAMESPACED_KIND, Owner, current, is_trusted
 
 DEFAULT_SECRET_DATA_KEY = "token"
 # A DNS-1123 subdomain, what the API server accepts as a Secret name.
 _SECRET_NAME = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+
+
+def model_owner(obj: ModelObject) -> Owner:
+    """Who a fetch of ``obj`` is for: the tenancy rules' view of a model (see sources/egress.py)."""
+    if obj.kind == ModelKind.BASE_MODEL:
+        return Owner(NAMESPACED_KIND, obj.metadata.namespace or "")
+    return Owner(CLUSTER_KIND)
 
 
 @dataclass(frozen=True)
@@ -91,7 +100,7 @@ async def resolve_hf_token(client: KubeClient, obj: ModelObject, agent_namespace
         register_secret(inline)
         return ResolvedToken(inline, "parameters")
     env = os.environ.get("HF_TOKEN", "").strip()
-    if env:
+    if env and is_trusted(model_owner(obj), current()):  # the platform token never serves a tenant
         register_secret(env)
         return ResolvedToken(env, "environment")
     return ResolvedToken(None, "anonymous")

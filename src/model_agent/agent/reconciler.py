@@ -31,7 +31,7 @@ from typing import Any
 import structlog
 
 from model_agent.agent.converge import Act, Facts, FailureFact, JobFact, LocalDir, ManifestFact, TargetKind, decide
-from model_agent.agent.credentials import read_storage_secret, resolve_hf_token
+from model_agent.agent.credentials import model_owner, read_storage_secret, resolve_hf_token
 from model_agent.agent.fetcher import Fetcher, Job
 from model_agent.agent.node_configmap import NodeConfigMap
 from model_agent.agent.node_labels import NodeLabels
@@ -449,6 +449,7 @@ class Reconciler:
             on_progress=on_progress,
             root=target.root.path,
             shape_alias=self._shape_filter(target, obj),
+            owner=model_owner(obj),  # tenancy: a BaseModel outside the trusted namespaces (sources/egress.py)
         )
 
         def queued() -> None:

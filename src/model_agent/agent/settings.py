@@ -2,19 +2,27 @@
 
 Values come from command-line flags (``model-agent run --help``); every flag also reads an environment
 variable (``MODEL_AGENT_<FLAG>``), which fixes OME's "env is ignored except LOG_LEVEL" quirk. ``NODE_NAME``
-is required (downward API ``spec.nodeName``).
+is required (downward API ``spec.nodeName``). The tenancy lists (``--trusted-namespace``,
+``--tenant-endpoint-allow``, ``--cluster-cidr``, ``--tenant-address-allow``, all repeatable) read their
+environment variables as comma-separated values (``MODEL_AGENT_TRUSTED_NAMESPACES=team-a,team-b``) or JSON.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 from pathlib import Path
+from typing import Annotated, Any
 
 from pydantic import Field, field_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from model_agent.local.capacity import parse_size
+from model_agent.sources.egress import TenancyPolicy
 from model_agent.sources.ranged import RangedConfig
+
+# A list setting whose environment variable is comma-separated text (or a JSON list), not JSON only.
+TextList = Annotated[list[str], NoDecode]
 
 
 class Settings(BaseSettings):
@@ -46,6 +54,12 @@ class Settings(BaseSettings):
     confirm_batch_threshold: int = 3  # more pending candidates of a kind than this: one LIST; < 0: never
     confirm_debounce_s: float = 1.5  # candidates gathered this long (+ up to 1 s jitter) before one read
 
+    # tenancy (sources/egress.py): who gets the node's identity, where tenant models may connect
+    trusted_namespaces: TextList = Field(default_factory=list)
+    tenant_endpoint_allow: TextList = Field(default_factory=list)  # added to each store's public endpoints
+    cluster_cidrs: TextList = Field(default_factory=list)  # pod/service/node ranges refused to tenant models
+    tenant_address_allow: TextList = Field(default_factory=list)  # exceptions to the address rules
+
     # API load
     api_qps: float = 5.0
     api_burst: int = 10
@@ -67,6 +81,27 @@ class Settings(BaseSettings):
         if not value:
             raise ValueError("NODE_NAME must be set (the Kubernetes node this agent runs on)")
         return value
+
+    @field_validator(
+        "trusted_namespaces", "tenant_endpoint_allow", "cluster_cidrs", "tenant_address_allow", mode="before"
+    )
+    @classmethod
+    def _text_list(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            text = value.strip()
+            if text.startswith("["):
+                return json.loads(text)
+            return [part.strip() for part in text.split(",") if part.strip()]
+        return value
+
+    def tenancy_policy(self) -> TenancyPolicy:
+        """The tenancy rules from these settings; ValueError for a malformed pattern or range."""
+        return TenancyPolicy.build(
+            trusted_namespaces=self.trusted_namespaces,
+            endpoint_allow=self.tenant_endpoint_allow,
+            cluster_ranges=self.cluster_cidrs,
+            address_allow=self.tenant_address_allow,
+        )
 
     @field_validator("multipart_part_size")
     @classmethod

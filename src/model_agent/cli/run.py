@@ -23,6 +23,7 @@ from model_agent.agent.settings import Settings
 from model_agent.kube.client import KubeClient
 from model_agent.ops import logging as agent_logging
 from model_agent.ops.http import HealthServer, HealthSources
+from model_agent.sources import egress
 
 log = structlog.get_logger(__name__)
 
@@ -79,6 +80,20 @@ def run(
         int | None, Opt(help="Nodes fetching the same model at once, fleet-wide, via Leases (0: no limit).")
     ] = None,
     origin_lease_seconds: Annotated[int | None, Opt(help="Duration of an origin slot Lease (30).")] = None,
+    trusted_namespace: Annotated[
+        list[str] | None,
+        Opt(help="Namespace whose BaseModels may use the node's identity and HF_TOKEN, any endpoint (repeatable)."),
+    ] = None,
+    tenant_endpoint_allow: Annotated[
+        list[str] | None,
+        Opt(help="Endpoint tenant BaseModels may name, scheme://host[:port], '*' for labels (repeatable)."),
+    ] = None,
+    cluster_cidr: Annotated[
+        list[str] | None, Opt(help="Pod/service/node range tenant models may never connect to (repeatable).")
+    ] = None,
+    tenant_address_allow: Annotated[
+        list[str] | None, Opt(help="Range exempt from the tenant address rules, never metadata (repeatable).")
+    ] = None,
 ) -> None:
     """Run the node agent: watch models, fetch weights, label the Node, keep the ConfigMap."""
     given: dict[str, Any] = {
@@ -111,6 +126,10 @@ def run(
         "api_burst": api_burst,
         "max_concurrent_origin_fetches": max_concurrent_origin_fetches,
         "origin_lease_s": origin_lease_seconds,
+        "trusted_namespaces": trusted_namespace,
+        "tenant_endpoint_allow": tenant_endpoint_allow,
+        "cluster_cidrs": cluster_cidr,
+        "tenant_address_allow": tenant_address_allow,
     }
     kwargs = {k: v for k, v in given.items() if v is not None}
     if not os.environ.get("NODE_NAME") and node_name:
@@ -120,6 +139,7 @@ def run(
     try:
         settings = Settings(**kwargs)
         agent_logging.configure(settings.log_level)
+        egress.configure(settings.tenancy_policy())  # before any fetch: the rules every source applies
     except (ValidationError, ValueError) as exc:
         typer.echo(f"error: invalid configuration: {exc}", err=True)
         raise typer.Exit(code=2) from None

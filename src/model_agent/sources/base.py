@@ -21,9 +21,12 @@ import stat
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from model_agent.local.manifest import FileRecord, Manifest
+
+if TYPE_CHECKING:
+    from model_agent.sources.egress import Owner
 
 
 class SourceError(Exception):
@@ -61,6 +64,9 @@ class FetchRequest:
     root: Path | None = None
     # TensorRT-LLM serving models from OCI (spec 3.3): fetch only objects whose name contains "/{alias}/".
     shape_alias: str | None = None
+    # Who the fetch is for (sources/egress.py): a tenant BaseModel gets no ambient credentials and only
+    # allow-listed endpoints. None: trusted (callers that predate tenancy).
+    owner: Owner | None = None
 
 
 @dataclass

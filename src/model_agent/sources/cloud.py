@@ -64,6 +64,21 @@ A named Secret with none of these is ``SecretInvalid``. Without a Secret, obstor
 GCS application default credentials (``GOOGLE_APPLICATION_CREDENTIALS``, GKE workload identity / instance
 metadata); Azure environment variables, workload identity (federated token file), managed identity.
 
+Tenant models (a BaseModel outside the trusted namespaces, :mod:`model_agent.sources.egress`): without a
+Secret the requests are unsigned (``skip_signature``: obstore never builds the ambient chain's token). A
+tenant's Azure account key or SAS is handed to obstore as an explicit credential provider, because obstore
+otherwise ranks credentials from the environment above the configured SAS or service principal (measured:
+a SAS configured beside ``AZURE_STORAGE_ACCOUNT_KEY`` in the environment was signed with the environment's
+key); a tenant's Azure service principal is refused (``CredentialRefused``) for the same reason. A GCS
+service account key from the Secret wins over ``GOOGLE_APPLICATION_CREDENTIALS`` (measured). The endpoint,
+given or default, must be on the allow-list, and its host's addresses pass the address rules before the
+store is used; the probes resolve through the guard (aiohttp connects to the checked address) and follow no
+redirect; the ranged GETs use the engine's checked connections. Reasons carry status and error code only.
+Residual risk: obstore (Rust) resolves and connects on its own and follows redirects, so its listing can
+reach what a host whose DNS or redirects the tenant controls points to — only hosts on the admin's
+allow-list are ever contacted (by default the stores' own public hosts, whose DNS and redirects no tenant
+controls), and its answers never reach a reason.
+
 Errors: obstore's are classified into ``SecretInvalid`` (a key obstore cannot parse), ``NoCredentials``
 (the ambient chain found no token; with a Secret's service principal: ``Unauthorized``),
 ``BucketNotFound`` (missing bucket or container), ``ObjectNotFound``, ``Unauthorized`` (credentials rejected),
@@ -73,6 +88,7 @@ not sign) or ``SourceError``; query strings are cut from messages (a SAS carries
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import re
@@ -87,6 +103,7 @@ import aiohttp
 from model_agent.local.capacity import REGISTRY, CapacityRegistry
 from model_agent.model.uris import InvalidStorageUri, parse_azure_uri, parse_gcs_uri
 from model_agent.sources.base import FetchRequest, FetchResult, Progress, SourceError
+from model_agent.sources.egress import CredentialUse, Guard, credential_for, current, guard_for, refused
 from model_agent.sources.listing import ListingBudget
 from model_agent.sources.objects import (
     ObjectGet,
@@ -134,6 +151,7 @@ class CloudSettings:
     anonymous: bool
     # obstore configuration keys holding the credentials (never printed); empty: the ambient chain.
     credentials: Mapping[str, str] = field(default_factory=dict, repr=False)
+    guard: Guard | None = None  # a tenant model's rules (sources/egress.py); None: trusted
 
     @property
     def ambient(self) -> bool:
@@ -210,10 +228,21 @@ def settings_for(request: FetchRequest) -> CloudSettings:
             f"parameters.{PARAM_ENDPOINT} must be an http(s) URL, not {endpoint[:200]!r}",
             retryable=False,
         )
-    anonymous = (params.get(PARAM_ANONYMOUS) or "").strip().lower() in ("true", "1", "yes")
+    guard = guard_for(request.owner)
+    if guard is not None:
+        guard.check_allowed(endpoint or default_endpoint, "parameters.endpoint" if endpoint else "the default endpoint")
+    asked_anonymous = (params.get(PARAM_ANONYMOUS) or "").strip().lower() in ("true", "1", "yes")
+    use = credential_for(request.owner, current(), has_secret=request.secret is not None, anonymous=asked_anonymous)
+    anonymous = use == CredentialUse.ANONYMOUS
     credentials: dict[str, str] = {}
     if not anonymous:
         credentials = gcs_credentials(request.secret) if scheme == GCS else azure_credentials(request.secret)
+    if guard is not None and "client_secret" in credentials:
+        raise refused(
+            "CredentialRefused",
+            f"a {guard.owner.describe()} may not use an Azure service principal (obstore would rank the node's "
+            "environment credentials above it): use accountKey or sasToken",
+        )
     return CloudSettings(
         scheme=scheme,
         account=account,
@@ -223,6 +252,7 @@ def settings_for(request: FetchRequest) -> CloudSettings:
         endpoint_given=bool(endpoint),
         anonymous=anonymous,
         credentials=credentials,
+        guard=guard,
     )
 
 
@@ -288,16 +318,18 @@ def _message(exc: BaseException) -> str:
     return _QUERY.sub("?...", text[0] if text else type(exc).__name__)[:400]
 
 
-def classify(exc: BaseException, label: str, *, listing: bool, ambient: bool = False) -> SourceError:
-    """An obstore error as a SourceError reason (see the module doc)."""
+def classify(
+    exc: BaseException, label: str, *, listing: bool, ambient: bool = False, tenant: bool = False
+) -> SourceError:
+    """An obstore error as a SourceError reason (see the module doc); for a tenant, no text the store sent."""
     if isinstance(exc, SourceError):
         return exc
     text = str(exc)
     status_match = _HTTP_STATUS.search(text)
     status = int(status_match[1]) if status_match else 0
     code_match = _XML_CODE.search(text)
-    code = code_match[1] if code_match else ""
-    message = _message(exc)
+    code = code_match[1][:64] if code_match else ""
+    message = f"HTTP {status}" if tenant and status else type(exc).__name__ if tenant else _message(exc)
     if any(m in text for m in ("Invalid Access Key", "credential error", "Unable to decode service account")):
         return SourceError("SecretInvalid", f"{label}: the credentials cannot be used: {message}")
     if "token request" in text or "computeMetadata" in text or "/metadata/identity" in text:
@@ -350,6 +382,7 @@ class CloudSource:
             settings.endpoint,
             settings.anonymous,
             tuple(sorted(settings.credentials.items())),
+            settings.guard,
         )
         cached = self._stores.get(cache_key)
         if cached is not None:
@@ -365,6 +398,7 @@ class CloudSource:
         config: dict[str, Any] = dict(settings.credentials)
         if settings.anonymous:
             config["skip_signature"] = True
+        provider = _tenant_azure_provider(settings, config)
         store: GCSStore | AzureStore
         if settings.scheme == GCS:
             if settings.endpoint_given:
@@ -374,7 +408,13 @@ class CloudSource:
             config["account_name"] = settings.account
             if settings.endpoint_given:
                 config["endpoint"] = settings.endpoint
-            store = AzureStore(settings.bucket, config=config, client_options=client, retry_config=retry)  # type: ignore[arg-type]
+            store = AzureStore(
+                settings.bucket,
+                config=config,  # type: ignore[arg-type]
+                client_options=client,  # type: ignore[arg-type]
+                retry_config=retry,  # type: ignore[arg-type]
+                credential_provider=provider,
+            )
         if len(self._stores) >= _STORE_CACHE_SIZE:
             self._stores.pop(next(iter(self._stores)))
         self._stores[cache_key] = store
@@ -412,7 +452,9 @@ class CloudSource:
             try:
                 return await obstore.sign_async(store, "GET", key, expiry)
             except Exception as exc:
-                raise classify(exc, settings.label(key), listing=False, ambient=settings.ambient) from exc
+                raise classify(
+                    exc, settings.label(key), listing=False, ambient=settings.ambient, tenant=settings.guard is not None
+                ) from exc
 
         return SignedUrls(sign, SIGN_RENEW_S)
 
@@ -420,24 +462,29 @@ class CloudSource:
         settings = settings_for(request)
         progress = Progress(phase="scanning")
         request.on_progress(progress)
+        tenant = settings.guard is not None
+        if settings.guard is not None:  # before obstore (which resolves on its own) is given the host
+            await asyncio.to_thread(settings.guard.check_endpoint, settings.endpoint)
         try:
             store = self.store(settings)
             objects = await self.list_objects(store, settings)
         except SourceError:
             raise
         except Exception as exc:
-            raise classify(exc, settings.label(), listing=True, ambient=settings.ambient) from exc
+            raise classify(exc, settings.label(), listing=True, ambient=settings.ambient, tenant=tenant) from exc
         if not objects:
             raise SourceError("NoObjects", f"no objects found under {settings.label()}")
         signer = self.signer(store, settings)
 
-        async with probe_session() as session:
+        async with probe_session(settings.guard) as session:
 
             async def prepare(obj: RemoteObject) -> ObjectGet:
                 url = signer.for_key(obj.key)
                 if obj.size == 0:
                     return ObjectGet(Expected(size=0, validator=obj.etag or None), url)
-                return ObjectGet(await probe(session, await url(), obj, settings.label(obj.key)), url)
+                tenant = settings.guard is not None
+                expected = await probe(session, await url(), obj, settings.label(obj.key), follow_redirects=not tenant)
+                return ObjectGet(expected, url)
 
             return await fetch_listed(
                 request,
@@ -449,20 +496,45 @@ class CloudSource:
             )
 
 
+def _tenant_azure_provider(settings: CloudSettings, config: dict[str, Any]) -> Any:
+    """For a tenant's Azure key or SAS: an explicit credential provider (outranks the environment), else None.
+
+    The key is taken out of ``config`` (the provider carries it).
+    """
+    if settings.guard is None or settings.scheme != AZURE:
+        return None
+    if key := config.pop("account_key", None):
+        return lambda: {"access_key": key, "expires_at": None}
+    if sas := config.pop("sas_key", None):
+        pairs = urllib.parse.parse_qsl(sas, keep_blank_values=True)
+        return lambda: {"sas_token": pairs, "expires_at": None}
+    return None
+
+
 @contextlib.asynccontextmanager
-async def probe_session() -> AsyncIterator[aiohttp.ClientSession]:
-    """The HTTP session of one fetch's probes: headers as stored (no decompression), proxies from the environment."""
+async def probe_session(guard: Guard | None = None) -> AsyncIterator[aiohttp.ClientSession]:
+    """The HTTP session of one fetch's probes: headers as stored (no decompression), proxies from the environment.
+
+    For a tenant model its hosts are resolved through the guard (forbidden addresses refused, the checked
+    address connected to).
+    """
+    connector = aiohttp.TCPConnector(resolver=guard.aiohttp_resolver()) if guard is not None else None
     async with aiohttp.ClientSession(
-        auto_decompress=False, trust_env=True, skip_auto_headers=("Accept-Encoding",)
+        auto_decompress=False, trust_env=True, skip_auto_headers=("Accept-Encoding",), connector=connector
     ) as session:
         yield session
 
 
-async def probe(session: aiohttp.ClientSession, url: str, obj: RemoteObject, label: str) -> Expected:
+async def probe(
+    session: aiohttp.ClientSession, url: str, obj: RemoteObject, label: str, *, follow_redirects: bool = True
+) -> Expected:
     """A one-byte ranged GET on the signed URL: what the store says about the whole object (see the module doc)."""
     try:
         async with session.get(
-            url, headers={"Range": "bytes=0-0"}, timeout=aiohttp.ClientTimeout(total=PROBE_TIMEOUT_S)
+            url,
+            headers={"Range": "bytes=0-0"},
+            timeout=aiohttp.ClientTimeout(total=PROBE_TIMEOUT_S),
+            allow_redirects=follow_redirects,
         ) as resp:
             if resp.status not in (200, 206):
                 raise _probe_error(resp.status, label)

@@ -22,7 +22,9 @@ at most ``max_parallel_files`` objects at once, the largest first, counting byte
 source only says, per object, what to expect and how to GET it (:class:`ObjectGet`: a presigned URL, or a URL
 and signed headers).
 Presigned URLs are renewed periodically (:class:`SignedUrls`): a URL signed with temporary credentials dies
-with them whatever its stated expiry.
+with them whatever its stated expiry. For a tenant model (``request.owner`` outside the trusted namespaces) the
+engine's connections are opened by the model's :class:`~model_agent.sources.egress.Guard`, which refuses a
+forbidden resolved address and connects to exactly the address it checked.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ from pathlib import Path
 from model_agent.local.capacity import CapacityRegistry, Reservation, allocated_bytes
 from model_agent.local.manifest import FileRecord
 from model_agent.sources.base import FetchRequest, FetchResult, Progress, SourceError
+from model_agent.sources.egress import guard_for
 from model_agent.sources.ranged import (
     PARTS_DIR,
     Expected,
@@ -52,6 +55,7 @@ from model_agent.sources.ranged import (
     part_map_path,
     run_all,
 )
+from model_agent.sources.ranged_http import CONNECT_GUARD
 
 
 @dataclass(frozen=True)
@@ -290,6 +294,22 @@ async def download_each(
     transfer: Transfer,
 ) -> dict[str, FileRecord]:
     """Fetch every object into staging (at most ``max_parallel_files`` at once) over one session and engine."""
+    guard = guard_for(request.owner)
+    checked = CONNECT_GUARD.set(guard.create_connection if guard is not None else None)
+    try:
+        return await _download_each(objects, request, progress, reservation, label, transfer)
+    finally:
+        CONNECT_GUARD.reset(checked)
+
+
+async def _download_each(
+    objects: list[RemoteObject],
+    request: FetchRequest,
+    progress: Progress,
+    reservation: Reservation | None,
+    label: Callable[[str], str],
+    transfer: Transfer,
+) -> dict[str, FileRecord]:
     results: dict[str, FileRecord] = {}
     staging = request.staging
     gate = asyncio.Semaphore(transfer.max_parallel_files)

@@ -41,6 +41,13 @@ Parameters (``spec.storage.parameters``):
   (``AWS_ACCESS_KEY_ID`` + ``AWS_SECRET_ACCESS_KEY`` or ``accessKeyId`` + ``secretAccessKey``). It needs a
   region and a namespace (URI shapes 1 and 2; for shape 3 the namespace is looked up with ``auth`` as above).
 
+Tenant models (a BaseModel outside the trusted namespaces, :mod:`model_agent.sources.egress`): a native fetch
+signs only with the node's identity, which never serves a tenant, so it is refused (``CredentialRefused``)
+before any SDK call; ``s3Compat`` with the tenant's own Customer Secret Key and a URI that names the namespace
+is allowed, under the ``s3://`` source's tenant rules (allow-listed endpoint, checked addresses, unsigned
+without a Secret). So the OCI SDK, which follows redirects and echoes response bodies into its errors, never
+talks on a tenant's behalf.
+
 ``spec.storage.key`` is not used by native OCI fetches (spec 10.1: OCI credentials come from the node,
 never a Secret); the agent reads the Secret only in ``s3Compat`` mode (:func:`uses_storage_secret`), so a
 stale ``key`` on an OCI model does not fail it as OME would not.
@@ -74,6 +81,7 @@ from urllib.parse import quote
 from model_agent.local.capacity import REGISTRY, CapacityRegistry
 from model_agent.model.uris import InvalidStorageUri, parse_oci_uri
 from model_agent.sources.base import FetchRequest, FetchResult, Progress, SourceError
+from model_agent.sources.egress import guard_for, refused
 from model_agent.sources.listing import ListingBudget
 from model_agent.sources.objects import ObjectGet, RemoteObject, Transfer, fetch_listed, listed_object
 from model_agent.sources.ranged import Expected, RangedConfig, b64_to_hex
@@ -434,6 +442,14 @@ class OciSource:
 
     async def fetch(self, request: FetchRequest) -> FetchResult:
         settings = settings_for(request)
+        guard = guard_for(request.owner)
+        if guard is not None and not (settings.s3_compat and settings.namespace):
+            raise refused(
+                "CredentialRefused",
+                f"a {guard.owner.describe()} may not use the node's OCI identity, and a native oci:// fetch signs "
+                f"with nothing else: use parameters.{PARAM_S3_COMPAT}=true with a Customer Secret Key in "
+                "spec.storage.key and a URI that names the namespace",
+            )
         progress = Progress(phase="scanning")
         request.on_progress(progress)
         client: OciClient | None = None

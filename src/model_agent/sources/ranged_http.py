@@ -17,12 +17,17 @@ Decisions, stated once:
   ``Proxy-Authorization: Basic``.
 * A reused connection that the server had closed while idle fails before any response byte; the request is
   then sent once more on a fresh connection, not counted as a failure.
+* Tenant models (:mod:`model_agent.sources.egress`): a fetch sets :data:`CONNECT_GUARD` around its engine
+  session; every direct connection of a transport made in that context is opened by the guard, which checks
+  the resolved address and connects to exactly that address. A proxy from the environment is the admin's:
+  connections to it are not checked (the origin's host was checked against the allow-list by the source).
 """
 
 from __future__ import annotations
 
 import base64
 import contextlib
+import contextvars
 import http.client
 import os
 import socket
@@ -32,6 +37,10 @@ import urllib.parse
 import urllib.request
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+
+# Opens a connection instead of socket.create_connection (address, timeout, source address), for tenant models.
+ConnectFn = Callable[[tuple[str, int], float | None, tuple[str, int] | None], socket.socket]
+CONNECT_GUARD: contextvars.ContextVar[ConnectFn | None] = contextvars.ContextVar("connect_guard", default=None)
 
 # A request that failed on a reused keep-alive connection before any response byte: the server had closed it.
 _STALE = (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError, ConnectionAbortedError)
@@ -98,6 +107,7 @@ class SlotTransport:
         self._conns: dict[tuple[str, str, int, tuple[str, int] | None], http.client.HTTPConnection] = {}
         self._active: socket.socket | None = None
         self._lock = threading.Lock()
+        self._connect = CONNECT_GUARD.get()  # made in the fetch's context (the engine makes slots there)
 
     def get(self, url: str, headers: Mapping[str, str]) -> http.client.HTTPResponse:
         """Send ``GET url`` and return the response (headers read, body not yet)."""
@@ -128,6 +138,8 @@ class SlotTransport:
                 conn.set_tunnel(route.host, route.port, headers=dict(route.proxy_headers))
         else:
             conn = http.client.HTTPConnection(host, port, timeout=self._connect_timeout)
+        if self._connect is not None and route.proxy is None:
+            conn._create_connection = self._connect  # type: ignore[attr-defined]  # both classes connect through it
         return conn
 
     def _send(

@@ -26,7 +26,17 @@ Credentials: the Secret named by ``spec.storage.key`` (read by the caller into `
 data keys ``AWS_ACCESS_KEY_ID`` + ``AWS_SECRET_ACCESS_KEY`` (+ optional ``AWS_SESSION_TOKEN``), or
 ``accessKeyId`` + ``secretAccessKey`` (+ ``sessionToken``). A named Secret without either pair is
 ``SecretInvalid``. Without a Secret, the SDK's default chain applies (environment, web identity / IRSA,
-EKS Pod Identity, ECS, instance metadata, shared config files).
+EKS Pod Identity, ECS, instance metadata, shared config files) — for trusted models only.
+
+Tenant models (a BaseModel outside the trusted namespaces, :mod:`model_agent.sources.egress`): without a
+Secret the requests are unsigned (the node's chain is never consulted); ``endpoint`` must be on the allow-list
+(``EndpointRefused``); every request the SDK sends is checked first (``before-send``: its URL against the
+allow-list, its host's addresses against the address rules) and the presigned GETs go through the engine's
+checked connections; error reasons carry status and error code only, never the store's message. Residual
+risk: botocore resolves the host again when it connects, so a host whose DNS the tenant controls could
+rebind between the check and the connection — which is why only hosts on the admin's allow-list are
+reachable at all (by default the AWS endpoints, whose DNS no tenant controls). botocore follows no HTTP
+redirect (its region redirector re-targets the same endpoint, and that request is checked too).
 
 Verification, per object, from a ``HEAD`` with checksum mode on: the size always; MD5 when the ETag is one
 (single-part upload: 32 hex digits without ``-N``, and not SSE-KMS/SSE-C, whose ETags are not MD5s); the
@@ -70,6 +80,7 @@ from typing import TYPE_CHECKING, Any
 from model_agent.local.capacity import REGISTRY, CapacityRegistry
 from model_agent.model.uris import InvalidStorageUri, parse_s3_uri
 from model_agent.sources.base import FetchRequest, FetchResult, Progress, SourceError
+from model_agent.sources.egress import CredentialUse, Guard, credential_for, current, guard_for
 from model_agent.sources.listing import ListingBudget
 from model_agent.sources.objects import (
     ObjectGet,
@@ -97,6 +108,8 @@ SECRET_KEY_PAIRS = (
 DEFAULT_PRESIGN_EXPIRY_S = 3600
 PRESIGN_RENEW_S = 600.0
 _MD5_ETAG = re.compile(r"[0-9a-f]{32}")
+_ENDPOINT = re.compile(r"https?://[^/\s?#@]+(/[^\s?#]*)?")
+_ERROR_CODE = re.compile(r"[A-Za-z0-9.]{1,64}")
 _CLIENT_CACHE_SIZE = 16
 # HEAD field, our algorithm name, hex length: checksums we can compute over a whole object.
 _WHOLE_OBJECT_CHECKSUMS = (
@@ -126,6 +139,7 @@ class S3Settings:
     addressing_style: str
     anonymous: bool
     credentials: S3Credentials | None
+    guard: Guard | None = None  # a tenant model's rules (sources/egress.py); None: trusted
 
     def label(self, key: str = "") -> str:
         return f"s3://{self.bucket}/{key or self.prefix}"
@@ -160,13 +174,19 @@ def settings_for(request: FetchRequest) -> S3Settings:
             retryable=False,
         )
     endpoint = (params.get(PARAM_ENDPOINT) or "").strip() or None
-    if endpoint is not None and not re.match(r"https?://[^/\s]+", endpoint):
+    # The whole value must be a URL (re.match validated only a prefix: "http://a b" passed).
+    if endpoint is not None and not _ENDPOINT.fullmatch(endpoint):
         raise SourceError(
             "InvalidParameter",
             f"parameters.{PARAM_ENDPOINT} must be an http(s) URL, not {endpoint[:200]!r}",
             retryable=False,
         )
-    anonymous = (params.get(PARAM_ANONYMOUS) or "").strip().lower() in ("true", "1", "yes")
+    guard = guard_for(request.owner)
+    if guard is not None and endpoint is not None:
+        guard.check_allowed(endpoint)
+    asked_anonymous = (params.get(PARAM_ANONYMOUS) or "").strip().lower() in ("true", "1", "yes")
+    use = credential_for(request.owner, current(), has_secret=request.secret is not None, anonymous=asked_anonymous)
+    anonymous = use == CredentialUse.ANONYMOUS
     return S3Settings(
         bucket=uri.bucket,
         prefix=folder_prefix(uri.prefix),
@@ -175,6 +195,7 @@ def settings_for(request: FetchRequest) -> S3Settings:
         addressing_style=style,
         anonymous=anonymous,
         credentials=None if anonymous else credentials_from_secret(request.secret),
+        guard=guard,
     )
 
 
@@ -212,18 +233,22 @@ def expected_from_head(head: HeadObjectOutputTypeDef | Mapping[str, Any]) -> Exp
     return Expected(size=size, checksums=checksums, validator=etag)
 
 
-def _classify(exc: BaseException, label: str) -> SourceError:
+def _classify(exc: BaseException, label: str, *, tenant: bool = False) -> SourceError:
+    """A boto error as a reason. For a tenant model no text the store sent: status and a short error code only."""
     from botocore import exceptions as bx
 
     if isinstance(exc, SourceError):
         return exc
+    detail = type(exc).__name__ if tenant else str(exc)[:300]
     if isinstance(exc, bx.NoCredentialsError | bx.PartialCredentialsError):
         return SourceError("NoCredentials", f"{label}: no AWS credentials: name a Secret in spec.storage.key")
     if isinstance(exc, bx.EndpointConnectionError | bx.ConnectTimeoutError | bx.ReadTimeoutError):
-        return SourceError("SourceUnreachable", f"{label}: {exc}")
+        return SourceError("SourceUnreachable", f"{label}: {detail}")
     if isinstance(exc, bx.ClientError):
         error = exc.response.get("Error", {})
         code = str(error.get("Code", ""))
+        if tenant and not _ERROR_CODE.fullmatch(code):
+            code = ""
         status = int(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0) or 0)
         if code == "NoSuchBucket":
             return SourceError("BucketNotFound", f"{label}: the bucket does not exist")
@@ -241,10 +266,11 @@ def _classify(exc: BaseException, label: str) -> SourceError:
             return SourceError("AccessDenied", f"{label}: access denied")
         if code in ("SlowDown", "ServiceUnavailable", "RequestLimitExceeded") or status in (429, 503):
             return SourceError("RateLimited", f"{label}: the store asked to slow down ({code or status})")
-        return SourceError("SourceError", f"{label}: {code or 'HTTP ' + str(status)}: {error.get('Message', '')}"[:400])
+        message = "" if tenant else f": {error.get('Message', '')}"
+        return SourceError("SourceError", f"{label}: {code or 'HTTP ' + str(status)}{message}"[:400])
     if isinstance(exc, bx.BotoCoreError):
-        return SourceError("SourceError", f"{label}: {type(exc).__name__}: {str(exc)[:300]}")
-    return SourceError("SourceError", f"{label}: {type(exc).__name__}: {str(exc)[:300]}")
+        return SourceError("SourceError", f"{label}: {type(exc).__name__}: {detail}")
+    return SourceError("SourceError", f"{label}: {type(exc).__name__}: {detail}")
 
 
 class S3Source:
@@ -278,6 +304,7 @@ class S3Source:
             settings.addressing_style,
             settings.anonymous,
             (creds.access_key_id, creds.secret_access_key, creds.session_token) if creds else None,
+            settings.guard,
         )
         cached = self._clients.get(cache_key)
         if cached is not None:
@@ -299,6 +326,13 @@ class S3Source:
             aws_session_token=creds.session_token if creds else None,
         )
         client = session.client("s3", endpoint_url=settings.endpoint, region_name=settings.region, config=config)
+        if settings.guard is not None:
+            guard = settings.guard
+
+            def check_request(request: Any, **_: Any) -> None:  # every request, retries included, before it goes
+                guard.check_endpoint(str(request.url), "the S3 request URL")
+
+            client.meta.events.register("before-send.s3", check_request)
         if self.on_client is not None:
             self.on_client(client)
         if len(self._clients) >= _CLIENT_CACHE_SIZE:
@@ -333,7 +367,7 @@ class S3Source:
             client = await asyncio.to_thread(self.client, settings)
             objects = await asyncio.to_thread(self.list_objects, client, settings)
         except Exception as exc:
-            raise _classify(exc, settings.label()) from exc
+            raise _classify(exc, settings.label(), tenant=settings.guard is not None) from exc
         if not objects:
             raise SourceError("NoObjects", f"no objects found under {settings.label()}")
 
@@ -351,7 +385,7 @@ class S3Source:
                     client.head_object, Bucket=settings.bucket, Key=obj.key, ChecksumMode="ENABLED"
                 )
             except Exception as exc:
-                raise _classify(exc, settings.label(obj.key)) from exc
+                raise _classify(exc, settings.label(obj.key), tenant=settings.guard is not None) from exc
             return ObjectGet(expected_from_head(head), presigner.for_key(obj.key))
 
         return await fetch_listed(
