@@ -9,7 +9,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from model_agent.local.layout import MAX_NAME_BYTES, MAX_PATH_BYTES, PRIVATE_DIR, Layout, PathRefused
+from model_agent.local.layout import (
+    MAX_NAME_BYTES,
+    MAX_PATH_BYTES,
+    PRIVATE_DIR,
+    Layout,
+    PathRefused,
+    RootsRefused,
+    check_roots,
+)
 
 
 @pytest.fixture
@@ -219,3 +227,101 @@ def test_a_file_where_a_directory_must_be_is_refused(layout: Layout, root: Path)
     assert "which is not a directory" in refused(layout, str(root / "a-file" / "sub" / "deeper"))
     assert refused(layout, str(root / "a-file")).endswith("is not a directory")
     assert (root / "a-file").read_bytes() == b"x"
+
+
+# ------------------------------------------------------------------------------------- nested roots
+
+
+@pytest.mark.parametrize(
+    ("extra", "relation"),
+    [
+        (["models/inner"], "is inside the models root"),
+        (["models"], "is the same directory as the models root"),
+        (["."], "contains the models root"),
+        (["other", "other/deeper"], "is inside allowed root"),
+        (["other/deeper", "other"], "contains allowed root"),
+        (["link-to-models/inner"], "is inside the models root"),  # through a symlink
+    ],
+)
+def test_nested_roots_are_refused(tmp_path: Path, extra: list[str], relation: str) -> None:
+    (tmp_path / "models").mkdir()
+    (tmp_path / "link-to-models").symlink_to(tmp_path / "models")
+    with pytest.raises(RootsRefused, match=relation) as info:
+        Layout(tmp_path / "models", [tmp_path / e for e in extra])
+    assert "must not nest" in str(info.value)
+    with pytest.raises(RootsRefused):
+        check_roots(tmp_path / "models", [tmp_path / e for e in extra])
+
+
+def test_side_by_side_roots_are_accepted(tmp_path: Path) -> None:
+    # "/x/models2" starts with the string "/x/models" but is not inside it.
+    lay = Layout(tmp_path / "models", [tmp_path / "models2", tmp_path / "other"])
+    assert len(lay.roots) == 3
+
+
+def test_nested_roots_stop_the_agent_at_start_up(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    (tmp_path / "models").mkdir()
+    env = {**os.environ, "NODE_NAME": "n1"}
+    argv = [sys.executable, "-m", "model_agent", "run", "--models-root-dir", str(tmp_path / "models")]
+    argv += ["--allowed-root", str(tmp_path / "models" / "inner"), "--kubeconfig", str(tmp_path / "none")]
+    done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 2
+    assert "is inside the models root" in done.stderr and "must not nest" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+# ---------------------------------------------------------------------------------- tenants' local paths
+
+
+def tenant_refused(layout: Layout, raw: str) -> str:
+    with pytest.raises(PathRefused) as info:
+        layout.check_local(raw, tenant=True)
+    return str(info.value)
+
+
+def test_a_tenant_local_path_inside_the_root_is_accepted(layout: Layout, root: Path) -> None:
+    (root / "team-a" / "weights").mkdir(parents=True)
+    assert layout.check_local(str(root / "team-a" / "weights"), tenant=True) == root / "team-a" / "weights"
+    assert layout.check_local(str(root / "not-yet"), tenant=True) == root / "not-yet"
+
+
+@pytest.mark.parametrize("raw", ["/", "/etc", "/etc/kubernetes", "/var/lib/kubelet", "/proc/self/root"])
+def test_a_tenant_local_path_outside_the_roots_is_refused(layout: Layout, raw: str) -> None:
+    assert "outside the allowed roots" in tenant_refused(layout, raw)
+    assert layout.check_local(raw) == Path(raw)  # an admin's ClusterBaseModel: today's behaviour
+
+
+def test_a_tenant_may_not_name_the_root_or_the_private_area(layout: Layout, root: Path) -> None:
+    assert "models root itself" in tenant_refused(layout, str(root))
+    assert "models root itself" in tenant_refused(layout, str(root) + "/")
+    assert "private area" in tenant_refused(layout, str(root / PRIVATE_DIR / "trash"))
+
+
+def test_a_tenant_symlink_out_of_the_root_is_refused_without_showing_its_target(
+    layout: Layout, root: Path, outside: Path
+) -> None:
+    (root / "escape").symlink_to(outside)
+    (root / "to-root").symlink_to(root)
+    for raw in (root / "escape", root / "escape" / "sub", root / "to-root"):
+        message = tenant_refused(layout, str(raw))
+        assert "resolves through a symlink outside the allowed roots" in message
+        assert str(outside) not in message
+    assert layout.check_local(str(root / "escape" / "sub")) == root / "escape" / "sub"  # admin: allowed
+
+
+def test_a_sibling_with_the_roots_name_as_prefix_is_outside(layout: Layout, root: Path) -> None:
+    sibling = root.parent / (root.name + "2")
+    sibling.mkdir()
+    assert "outside the allowed roots" in tenant_refused(layout, str(sibling / "x"))
+
+
+def test_a_tenant_path_through_a_symlinked_root_is_inside(tmp_path: Path) -> None:
+    real = tmp_path / "real-models"
+    (real / "team-a").mkdir(parents=True)
+    (tmp_path / "models").symlink_to(real)
+    lay = Layout(tmp_path / "models")
+    assert lay.check_local(str(tmp_path / "models" / "team-a"), tenant=True) == tmp_path / "models" / "team-a"
+    assert lay.check_local(str(real / "team-a"), tenant=True) == real / "team-a"

@@ -22,6 +22,7 @@ from model_agent.agent.runtime import Agent
 from model_agent.agent.settings import Settings
 from model_agent.kube.client import KubeClient
 from model_agent.ops import logging as agent_logging
+from model_agent.local.layout import check_roots
 from model_agent.ops.http import HealthServer, HealthSources
 from model_agent.sources import egress
 
@@ -139,6 +140,7 @@ def run(
     try:
         settings = Settings(**kwargs)
         agent_logging.configure(settings.log_level)
+        check_roots(settings.models_root_dir, list(settings.allowed_roots))  # nested roots: refused here
         egress.configure(settings.tenancy_policy())  # before any fetch: the rules every source applies
     except (ValidationError, ValueError) as exc:
         typer.echo(f"error: invalid configuration: {exc}", err=True)

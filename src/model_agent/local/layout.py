@@ -15,6 +15,15 @@ component over 255 bytes; no control characters. Anything else raises :class:`Pa
 fit for a ``Failed`` status. Validation happens long before anything is written, so the publish step
 re-checks the destination without following symlinks right before each rename
 (:func:`model_agent.sources.base.publish`).
+
+Roots never nest: :class:`Layout` refuses (:class:`RootsRefused`) an allowed root equal to, inside, or
+containing another one, because :meth:`Layout.root_of` would confine a path to the outer root and its
+private area would then cover the inner root (start-up fails with that message).
+
+:meth:`Layout.check_local` gates ``local://`` paths, which are read in place and never written. A
+ClusterBaseModel (an admin's) may name any host path; a tenant's (a namespaced BaseModel) only a path
+inside an allowed root, checked as written before anything is resolved, so the refusal tells a tenant
+nothing about the host outside the roots.
 """
 
 from __future__ import annotations
@@ -33,6 +42,10 @@ MAX_NAME_BYTES = 255
 
 class PathRefused(Exception):
     """A destination path outside what the agent may write; the message is the reason shown to users."""
+
+
+class RootsRefused(ValueError):
+    """The configured roots overlap; the message names both (a start-up configuration error)."""
 
 
 @dataclass(frozen=True)
@@ -67,10 +80,36 @@ def token_for(key: str) -> str:
     return hashlib.sha256(key.encode()).hexdigest()[:24]
 
 
+def check_roots(models_root: Path, extra_roots: list[Path] | None = None) -> None:
+    """Raise :class:`RootsRefused` when two roots (after resolving symlinks) are equal or nested."""
+    named = [(f"the models root {str(models_root)!r}", models_root)]
+    named += [(f"allowed root {str(r)!r}", r) for r in extra_roots or []]
+    resolved = [(label, Path(os.path.realpath(r))) for label, r in named]
+    for i, (label, path) in enumerate(resolved):
+        for other_label, other in resolved[:i]:
+            if path == other:
+                relation = "is the same directory as"
+            elif other in path.parents:
+                relation = "is inside"
+            elif path in other.parents:
+                relation = "contains"
+            else:
+                continue
+            raise RootsRefused(
+                f"{label} {relation} {other_label}: roots must not nest (a path in the inner one would be "
+                "confined to the outer one, whose private area would then hold the inner root); give "
+                "each directory once, side by side"
+            )
+
+
 class Layout:
     def __init__(self, models_root: Path, extra_roots: list[Path] | None = None) -> None:
+        check_roots(models_root, extra_roots)
         roots = [models_root, *(extra_roots or [])]
         self.roots = [Root(Path(os.path.realpath(r))) for r in roots]
+        # Each root as configured, too (it may go through a symlink): a tenant's local path is first
+        # checked as written, against these and the resolved ones.
+        self._written_roots = [Path(_collapsed(str(r))) for r in roots if str(r).startswith("/")]
 
     @property
     def primary(self) -> Root:
@@ -141,12 +180,14 @@ class Layout:
             raise PathRefused(f"spec.storage.path {_shown(raw)} is inside the agent's private area")
         return root, resolved
 
-    def check_local(self, raw: str) -> Path:
+    def check_local(self, raw: str, *, tenant: bool = False) -> Path:
         """Validate a ``local://`` source path; return it as given.
 
-        Local weights are read in place, never written or deleted, so they may live outside the roots; but
-        the path must still be absolute and normalised, free of control characters, and never the root
-        itself or inside the agent's private area (its manifests, staging and trash are not a model).
+        Local weights are read in place, never written or deleted, so an admin's (``tenant=False``) may
+        live outside the roots; but the path must still be absolute and normalised, free of control
+        characters, and never the root itself or inside the agent's private area (its manifests, staging
+        and trash are not a model). A tenant's (``tenant=True``: a namespaced BaseModel) must moreover be
+        strictly inside an allowed root, both as written and after resolving symlinks.
         """
         if not raw:
             raise PathRefused("local path is empty")
@@ -158,6 +199,8 @@ class Layout:
             raise PathRefused(f"local path {_shown(raw)} is not absolute")
         if any(part in (".", "..") for part in raw.split("/")):
             raise PathRefused(f"local path {_shown(raw)} contains '.' or '..' segments")
+        if tenant:
+            self._check_tenant_local(raw)
         resolved = Path(os.path.realpath(raw))
         for root in self.roots:
             if resolved == root.path:
@@ -165,6 +208,39 @@ class Layout:
             if resolved == root.private or root.private in resolved.parents:
                 raise PathRefused(f"local path {_shown(raw)} is inside the agent's private area")
         return Path(raw)
+
+    def _check_tenant_local(self, raw: str) -> None:
+        """A tenant's local path: inside an allowed root as written, and still inside one when resolved.
+
+        The written form is checked first, with no file system access, so a path outside the roots is
+        refused without revealing whether it exists or where its symlinks lead; the messages never show a
+        resolved target.
+        """
+        written = Path(_collapsed(raw))
+        inside = [r for r in self._written_roots + [r.path for r in self.roots] if r in written.parents]
+        if not inside:
+            if written in self._written_roots or any(written == r.path for r in self.roots):
+                raise PathRefused(f"local path {_shown(raw)} is the models root itself")
+            raise PathRefused(
+                f"local path {_shown(raw)} is outside the allowed roots: a namespaced BaseModel may read "
+                "local weights only inside them"
+            )
+        try:
+            resolved = Path(os.path.realpath(raw))
+        except (OSError, ValueError):
+            raise PathRefused(f"local path {_shown(raw)} cannot be resolved") from None
+        if not any(root.path in resolved.parents for root in self.roots):
+            raise PathRefused(
+                f"local path {_shown(raw)} resolves through a symlink outside the allowed roots (or to a root "
+                "itself): a namespaced BaseModel may read local weights only inside them"
+            )
+
+    def resolve(self, raw: str) -> str:
+        """``raw`` with every existing symlink resolved (as :func:`os.path.realpath`); ``raw`` on errors."""
+        try:
+            return os.path.realpath(raw)
+        except (OSError, ValueError):
+            return raw
 
 
 def _walk_problem(path: Path) -> str | None:
@@ -186,6 +262,11 @@ def _walk_problem(path: Path) -> str | None:
         if not stat.S_ISDIR(mode):
             return f"goes through {str(p)!r}, which is not a directory" if p != path else "is not a directory"
     return None
+
+
+def _collapsed(raw: str) -> str:
+    """An absolute path with repeated and trailing slashes collapsed (``//a//b/`` -> ``/a/b``), no I/O."""
+    return "/" + "/".join(part for part in raw.split("/") if part)
 
 
 def _shown(raw: str) -> str:
