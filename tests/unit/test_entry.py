@@ -9,7 +9,17 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from model_agent.model.entry import Artifact, DownloadProgress, ModelConfig, ModelEntry, rfc3339
+from model_agent.model.entry import (
+    MAX_ENTRY_BYTES,
+    MAX_METADATA_STRING,
+    Artifact,
+    DownloadProgress,
+    ModelConfig,
+    ModelEntry,
+    cap_entry_json,
+    rfc3339,
+    without_config,
+)
 from model_agent.model.keys import ModelState
 
 # Spec 6.3, marshalled by Go from OME's types.
@@ -334,3 +344,55 @@ def test_encoding_round_trips(entry: ModelEntry) -> None:
 @given(text=st.text(max_size=200) | st.binary(max_size=200))
 def test_decoding_never_raises(text: str | bytes) -> None:
     ModelEntry.from_json(text)
+
+
+# --- size caps -------------------------------------------------------------------------------------------
+
+_REASON = ',"reason":"LocalPathNotFound: /models/x does not exist"}'
+
+
+def _failed_with_reason(entry: ModelEntry) -> str:
+    return entry.to_json()[:-1] + _REASON  # as the reconciler appends a Failed entry's reason
+
+
+def test_a_small_entry_is_left_exactly_as_written() -> None:
+    for text in GOLDEN:
+        assert cap_entry_json(text) == text
+    with_reason = _failed_with_reason(ModelEntry("x", "Failed", config=ModelConfig(model_type="llama")))
+    assert cap_entry_json(with_reason) == with_reason
+
+
+def test_over_long_metadata_strings_are_cut_even_when_the_entry_fits() -> None:
+    config = ModelConfig(model_type="t" * 5000, model_capabilities=tuple(f"c{i}" for i in range(500)))
+    capped = ModelEntry.from_json(cap_entry_json(ModelEntry("x", "Ready", config=config).to_json()))
+    assert capped is not None and capped.config is not None
+    assert capped.status == "Ready"
+    assert capped.config.model_type == "t" * MAX_METADATA_STRING
+    assert len(capped.config.model_capabilities) == 64
+
+
+def test_the_decoded_configuration_goes_first_then_the_whole_config_never_the_status() -> None:
+    decoded = {f"layer_{i}": "x" * 100 for i in range(200)}  # ~22 KiB
+    config = ModelConfig(model_type="llama", decoded_model_configuration=decoded)
+    progress = DownloadProgress(phase="downloading", total_bytes=10, completed_bytes=5)
+    entry = ModelEntry("m" * 200, "Updating", config=config, progress=progress)
+    text = entry.to_json()[:-1] + _REASON
+    capped_text = cap_entry_json(text)
+    assert len(capped_text.encode()) <= MAX_ENTRY_BYTES
+    capped = ModelEntry.from_json(capped_text)
+    assert capped == ModelEntry("m" * 200, "Updating", config=ModelConfig(model_type="llama"), progress=progress)
+    assert json.loads(capped_text)["reason"] == json.loads(text)["reason"]
+    # A config too large even without its decoded configuration goes as a whole.
+    huge = ModelConfig(artifact=Artifact(parent_path={f"k{i}": "p" * 250 for i in range(60)}))
+    tiny = cap_entry_json(ModelEntry("x", "Ready", config=huge).to_json(), max_bytes=2000)
+    assert tiny == '{"name":"x","status":"Ready"}'
+
+
+def test_capping_is_idempotent_and_without_config_keeps_the_status() -> None:
+    decoded = {f"k{i}": i for i in range(3000)}
+    text = _failed_with_reason(ModelEntry("x", "Failed", config=ModelConfig(decoded_model_configuration=decoded)))
+    once = cap_entry_json(text)
+    assert cap_entry_json(once) == once
+    assert without_config(text) == '{"name":"x","status":"Failed"' + _REASON
+    assert without_config(without_config(text)) == without_config(text)
+    assert cap_entry_json("not json") == "not json"

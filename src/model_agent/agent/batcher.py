@@ -7,25 +7,44 @@ that grows to hundreds of kilobytes — each answered with, and echoed on the wa
 at that moment in one merge patch.
 
 Guarantees: ``write(key, value)`` returns only after a request containing that value succeeded, or raises
-that request's error (every waiter of a failed batch gets it, and retries on its own); for one key the last
-value written wins (a later write supersedes a pending earlier one, whose waiter is satisfied by the later
-request, as level-triggered state allows); a batch never holds more than ``max_keys`` keys.
+that request's error (every waiter of a failed batch gets it, and retries on its own); ``send`` may also
+refuse single keys of a batch (it returns their errors: e.g. no room left for them), and only those keys'
+waiters get an error; for one key the last value written wins (a later write supersedes a pending earlier
+one, whose waiter is satisfied by the later request, as level-triggered state allows); a batch never holds
+more than ``max_keys`` keys, nor more than ``max_bytes`` by ``size`` (a single key larger than that goes
+alone).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 
-Send = Callable[[dict[str, str | None]], Awaitable[None]]
+# Sends one batch; returns the errors of keys it refused (None or empty: all were written), raises if the
+# whole batch failed.
+Send = Callable[[dict[str, str | None]], Awaitable[Mapping[str, BaseException] | None]]
+
+
+def _key_and_value_bytes(key: str, value: str | None) -> int:
+    return len(key.encode()) + len((value or "").encode())
 
 
 class KeyBatcher:
-    def __init__(self, send: Send, *, gather_s: float = 0.02, max_keys: int = 500) -> None:
+    def __init__(
+        self,
+        send: Send,
+        *,
+        gather_s: float = 0.02,
+        max_keys: int = 500,
+        max_bytes: int | None = None,
+        size: Callable[[str, str | None], int] = _key_and_value_bytes,
+    ) -> None:
         self._send = send
         self._gather_s = gather_s
         self._max_keys = max_keys
+        self._max_bytes = max_bytes
+        self._size = size
         self._pending: dict[str, str | None] = {}
         self._waiters: dict[str, list[asyncio.Future[None]]] = {}
         self._wake = asyncio.Event()
@@ -47,20 +66,37 @@ class KeyBatcher:
             self._wake.clear()
             await asyncio.sleep(self._gather_s)  # let concurrent writers join this batch
             while self._pending:
-                keys = list(self._pending)[: self._max_keys]
+                keys = self._next_keys()
                 batch = {k: self._pending.pop(k) for k in keys}
-                waiters = [f for k in keys for f in self._waiters.pop(k, [])]
+                waiters = {k: self._waiters.pop(k, []) for k in keys}
                 try:
                     self.requests += 1
-                    await self._send(batch)
+                    refused = await self._send(batch) or {}
                 except Exception as exc:
-                    for f in waiters:
-                        if not f.done():
-                            f.set_exception(exc)
-                else:
-                    for f in waiters:
-                        if not f.done():
+                    refused = dict.fromkeys(keys, exc)
+                for k, futures in waiters.items():
+                    error = refused.get(k)
+                    for f in futures:
+                        if f.done():
+                            continue
+                        if error is None:
                             f.set_result(None)
+                        else:
+                            f.set_exception(error)
+
+    def _next_keys(self) -> list[str]:
+        """The pending keys of the next batch, in arrival order, within ``max_keys`` and ``max_bytes``."""
+        keys: list[str] = []
+        total = 0
+        for key, value in self._pending.items():
+            if len(keys) >= self._max_keys:
+                break
+            size = self._size(key, value)
+            if self._max_bytes is not None and keys and total + size > self._max_bytes:
+                break
+            keys.append(key)
+            total += size
+        return keys
 
     async def close(self) -> None:
         if self._task is not None:

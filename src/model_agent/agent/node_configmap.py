@@ -9,6 +9,18 @@ write; a missing ConfigMap is created with them.
 
 A write is skipped when the watched ConfigMap already holds the wanted value; :attr:`written` remembers the
 last value written per key so the ConfigMap watch can tell its own echo from someone else's change.
+
+Size (the API server refuses a ConfigMap over 1 MiB of data, and with it the whole patch): every value is
+capped first (:func:`~model_agent.model.entry.cap_entry_json`: the parsed config is trimmed, never the
+status); batches are bounded in bytes; and each batch is placed against the object's current size
+(:func:`~model_agent.agent.configmap_space.place`, from the newest of the watched object and the last
+write's answer): an entry that does not fit whole is written without its config, and one that does not fit
+even so is refused — :meth:`NodeConfigMap.ensure` raises :class:`ConfigMapFull` for it (a
+:class:`~model_agent.agent.requeue.Requeue`: the key is retried with backoff, and a caller that writes the
+entry before the label never labels the model ``Ready`` without its entry) while the rest of the batch is
+written. A full ConfigMap is said loudly: a Warning Event ``ConfigMapFull`` on the Node, the gauges
+``model_agent_configmap_full``, ``model_agent_configmap_refused_entries``, ``model_agent_configmap_bytes``,
+and :meth:`NodeConfigMap.usage` (served on ``/status``).
 """
 
 from __future__ import annotations
@@ -16,12 +28,49 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import structlog
+
 from model_agent.agent.batcher import KeyBatcher
+from model_agent.agent.configmap_space import DATA_LIMIT_BYTES, HEADROOM_BYTES, Placement, entry_bytes, place
+from model_agent.agent.configmap_space import data_bytes as _data_bytes
+from model_agent.agent.requeue import Requeue
 from model_agent.kube.client import ApiError, KubeClient
 from model_agent.kube.resources import CONFIGMAPS
+from model_agent.model.entry import cap_entry_json, without_config
 from model_agent.model.keys import configmap_annotations, configmap_labels
+from model_agent.ops.events import NORMAL, WARNING, EventRecorder, ObjectRef
+from model_agent.ops.metrics import Metrics
+
+log = structlog.get_logger(__name__)
 
 MERGE_PATCH = "application/merge-patch+json"
+# One patch's share of the API server's request size limit (3 MiB): batches stay well below it.
+MAX_BATCH_BYTES = 256 * 1024
+
+
+class ConfigMapFull(Requeue):
+    """No room in the node's ConfigMap for a model's entry, even without its parsed config."""
+
+    def __init__(self, key: str, needed: int, used: int, budget: int) -> None:
+        super().__init__(
+            f"the node's ConfigMap is full: entry {key} needs {needed} bytes, {used} of {budget} bytes are used"
+        )
+        self.key = key
+        self.needed = needed
+        self.used = used
+        self.budget = budget
+
+
+def _resource_version(obj: dict[str, Any]) -> int:
+    try:
+        return int((obj.get("metadata") or {}).get("resourceVersion") or 0)
+    except ValueError:
+        return 0
+
+
+def _too_large(exc: ApiError) -> bool:
+    text = f"{exc.reason} {exc.message}".lower()
+    return exc.status in (413, 422, 500) and ("must have at most" in text or "too large" in text or "too long" in text)
 
 
 class NodeConfigMap:
@@ -31,13 +80,26 @@ class NodeConfigMap:
         namespace: str,
         node_name: str,
         current: Callable[[], dict[str, Any] | None],
+        *,
+        budget_bytes: int = DATA_LIMIT_BYTES - HEADROOM_BYTES,
+        events: EventRecorder | None = None,
+        metrics: Metrics | None = None,
+        node_object: Callable[[], dict[str, Any] | None] = lambda: None,
     ) -> None:
         self._client = client
         self.namespace = namespace
         self.node_name = node_name
         self._current = current
+        self.budget_bytes = budget_bytes
+        self._events = events
+        self._metrics = metrics
+        self._node_object = node_object
         self.written: dict[str, str | None] = {}
-        self.batcher = KeyBatcher(self._send)
+        self._latest: dict[str, Any] | None = None  # the object as the last write's answer had it
+        self.refused: dict[str, int] = {}  # keys with no room -> bytes their smallest form needs
+        self.compacted: set[str] = set()  # keys written without their parsed config for lack of room
+        self.used_bytes = 0
+        self.batcher = KeyBatcher(self._send, max_bytes=MAX_BATCH_BYTES)
 
     def data(self) -> dict[str, str]:
         cm = self._current() or {}
@@ -61,16 +123,64 @@ class NodeConfigMap:
             annotations.get(k) == v for k, v in want_ann.items()
         )
 
+    @property
+    def full(self) -> bool:
+        """True while some model's entry could not be written for lack of room."""
+        return bool(self.refused)
+
+    def usage(self) -> dict[str, Any]:
+        """Room in the ConfigMap, for ``/status``."""
+        return {
+            "bytes": self.used_bytes,
+            "budgetBytes": self.budget_bytes,
+            "full": self.full,
+            "refused": sorted(self.refused),
+            "compacted": len(self.compacted),
+        }
+
     async def ensure(self, key: str, value: str | None) -> bool:
-        """Make data ``key`` equal ``value`` (None: absent). True when a write was sent."""
+        """Make data ``key`` equal ``value`` (None: absent), capped in size. True when a write was sent.
+
+        Raises :class:`ConfigMapFull` when there is no room for the entry even without its parsed config (the
+        key keeps its previous value, if any); an entry kept in that smallest form for lack of room is not
+        rewritten until the whole one fits.
+        """
+        if value is None:
+            self._settled(key)
+        else:
+            value = cap_entry_json(value)
         cm = self._current()
         if cm is None and value is None:
             return False
-        if self.get(key) == value and (value is None or self.identity_ok()):
+        current = self.get(key)
+        identity = self.identity_ok()
+        if current == value and (value is None or identity):
+            self.refused.pop(key, None)
+            return False
+        kept_small = value is not None and current is not None and current == without_config(value)
+        if kept_small and identity and value is not None and not self._room_for(key, value):
             return False
         await self.batcher.write(key, value)
-        self.written[key] = value
         return True
+
+    def _settled(self, key: str) -> None:
+        self.refused.pop(key, None)
+        self.compacted.discard(key)
+
+    def _base(self) -> dict[str, str]:
+        """The object's data as last known: the newer of the watched object and the last write's answer."""
+        watched, latest = self._current(), self._latest
+        newest = (
+            latest
+            if watched is None or (latest is not None and _resource_version(latest) >= _resource_version(watched))
+            else watched
+        )
+        return dict((newest or {}).get("data") or {})
+
+    def _room_for(self, key: str, value: str) -> bool:
+        base = self._base()
+        grown = _data_bytes(base) + entry_bytes(key, value) - entry_bytes(key, base.get(key))
+        return grown <= self.budget_bytes
 
     def _identity(self) -> dict[str, Any]:
         return {
@@ -78,11 +188,72 @@ class NodeConfigMap:
             "annotations": configmap_annotations(self.node_name),
         }
 
-    async def _send(self, batch: dict[str, str | None]) -> None:
+    async def _send(self, batch: dict[str, str | None]) -> dict[str, BaseException]:
+        path = CONFIGMAPS.path(self.namespace, self.node_name)
+        placement = place(self._base(), batch, self.budget_bytes, without_config)
+        try:
+            await self._write(placement.write)
+        except ApiError as exc:
+            if not _too_large(exc):
+                raise
+            # The server counted more than the agent knew of (another writer's keys): read it and place again.
+            log.warning("ConfigMap refused as too large; re-reading it", error=str(exc))
+            self._latest = await self._client.request("GET", path)
+            placement = place(self._base(), batch, self.budget_bytes, without_config)
+            await self._write(placement.write)
+        self._record(placement)
+        return {
+            k: ConfigMapFull(k, needed, placement.used_bytes, self.budget_bytes)
+            for k, needed in placement.refused.items()
+        }
+
+    def _record(self, placement: Placement) -> None:
+        was_full = self.full
+        for key in placement.write:
+            self._settled(key)
+        self.compacted.update(placement.compacted)
+        self.refused.update(placement.refused)
+        self.used_bytes = placement.used_bytes
+        if placement.compacted:
+            log.warning(
+                "ConfigMap nearly full: entries written without their parsed config", keys=len(placement.compacted)
+            )
+        if placement.refused:
+            log.warning(
+                "ConfigMap full: entries not written",
+                keys=sorted(placement.refused)[:5],
+                refused=len(placement.refused),
+                used_bytes=placement.used_bytes,
+                budget_bytes=self.budget_bytes,
+            )
+        if self._metrics is not None:
+            self._metrics.configmap_bytes.set(self.used_bytes)
+            self._metrics.configmap_full.set(1 if self.full else 0)
+            self._metrics.configmap_refused.set(len(self.refused))
+            self._metrics.configmap_compacted.set(len(self.compacted))
+        if self.full != was_full and self._events is not None:
+            node = self._node_object() or {"kind": "Node", "apiVersion": "v1", "metadata": {"name": self.node_name}}
+            where = f"ConfigMap {self.namespace}/{self.node_name}"
+            if self.full:
+                message = (
+                    f"{where} is full ({self.used_bytes} of {self.budget_bytes} bytes): {len(self.refused)} model "
+                    "entries cannot be written, and those models are not labelled Ready here until they are"
+                )
+                self._events.emit(ObjectRef.of(node), WARNING, "ConfigMapFull", message)
+            else:
+                self._events.emit(
+                    ObjectRef.of(node), NORMAL, "ConfigMapRoom", f"{where} has room for every entry again"
+                )
+
+    async def _write(self, batch: dict[str, str | None]) -> None:
+        if not batch:
+            return
+        for key, value in batch.items():
+            self.written[key] = value  # before the request: its echo on the watch may arrive first
         path = CONFIGMAPS.path(self.namespace, self.node_name)
         patch = {"metadata": self._identity(), "data": batch}
         try:
-            await self._client.request("PATCH", path, body=patch, content_type=MERGE_PATCH)
+            self._latest = await self._client.request("PATCH", path, body=patch, content_type=MERGE_PATCH)
             return
         except ApiError as exc:
             if exc.status != 404:
@@ -97,11 +268,11 @@ class NodeConfigMap:
             "data": data,
         }
         try:
-            await self._client.request("POST", CONFIGMAPS.path(self.namespace), body=body)
+            self._latest = await self._client.request("POST", CONFIGMAPS.path(self.namespace), body=body)
         except ApiError as exc:
             if exc.status != 409:
                 raise
-            await self._client.request("PATCH", path, body=patch, content_type=MERGE_PATCH)
+            self._latest = await self._client.request("PATCH", path, body=patch, content_type=MERGE_PATCH)
 
     async def close(self) -> None:
         await self.batcher.close()

@@ -111,7 +111,13 @@ class Agent:
         self.events = EventRecorder(client, host=node)
         self.labels = NodeLabels(client, node, lambda: self.node.store.get(node), attempts=settings.node_label_retry)
         self.node_configmap = NodeConfigMap(
-            client, settings.namespace, node, lambda: self.configmap.store.get(f"{settings.namespace}/{node}")
+            client,
+            settings.namespace,
+            node,
+            lambda: self.configmap.store.get(f"{settings.namespace}/{node}"),
+            events=self.events,
+            metrics=self.metrics,
+            node_object=lambda: self.node.store.get(node),
         )
         self.fetcher = Fetcher(settings.num_download_worker, self.queue.add)
         self.origin = OriginSlots(
@@ -562,6 +568,7 @@ class Agent:
                 "trips": self.breaker.trips,
             },
             "trash": [e.to_json() for e in self.trash.entries()],
+            "configmap": self.node_configmap.usage(),
             "unmanaged": [str(p) for p in self.unmanaged],
             "models": models,
         }

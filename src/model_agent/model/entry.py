@@ -22,6 +22,11 @@ Contract:
   for hand-edited entries. A ``-0`` literal reads back as ``0`` (Python's json makes it an integer).
 * Entries written through OME's generic-map helpers come out with alphabetically sorted top-level keys;
   consumers parse JSON, so this codec always writes struct order.
+* Size caps (the node's ConfigMap holds every model's entry within the API server's 1 MiB): ``cap_entry_json``
+  bounds one entry to ``MAX_ENTRY_BYTES``, trimming only the parsed ``config`` — metadata strings and lists
+  first, then ``decodedModelConfiguration``, then the whole ``config`` — and never ``name``, ``status``,
+  ``progress`` or fields it does not know (a ``reason``); ``without_config`` is the smallest form of an
+  entry, for a ConfigMap too full for the whole one. Both are idempotent.
 """
 
 from __future__ import annotations
@@ -197,6 +202,97 @@ def rfc3339(moment: datetime) -> str:
     if moment.tzinfo is None:
         moment = moment.replace(tzinfo=UTC)
     return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+# --- size caps ------------------------------------------------------------------------------------------
+
+# One entry's bound. A typical entry with its parsed config is under 2 KiB; 8 KiB leaves room for a large
+# decoded configuration while 128 such entries still take only a tenth of the ConfigMap.
+MAX_ENTRY_BYTES: Final = 8 * 1024
+# Metadata strings (modelType, a capability, a framework version, a parent path...) are names, not text.
+MAX_METADATA_STRING: Final = 256
+MAX_METADATA_ITEMS: Final = 64
+_KNOWN_FIELDS: Final = ("name", "status", "config", "progress")
+
+
+def cap_entry_json(text: str, max_bytes: int = MAX_ENTRY_BYTES) -> str:
+    """``text`` (an encoded entry) bounded to ``max_bytes`` UTF-8 bytes by trimming only its ``config``.
+
+    Over-long metadata strings and lists are cut always; then, while the entry is too large, the decoded
+    configuration is dropped, then the whole ``config``. ``name``, ``status``, ``progress`` and unknown
+    top-level fields (the agent's ``reason``) are kept as they are, even if the result is still too large.
+    A text that is not a valid entry, or that needs no change, is returned unchanged.
+    """
+    entry = ModelEntry.from_json(text)
+    if entry is None or entry.config is None:
+        return text
+    config = _cap_metadata(entry.config)
+    if config == entry.config and len(text.encode()) <= max_bytes:
+        return text
+    extra = _extra_fields(text)
+    out = text
+    for candidate in (config, replace(config, decoded_model_configuration=None), None):
+        out = _encode_entry(replace(entry, config=candidate), extra)
+        if len(out.encode()) <= max_bytes:
+            break
+    return out
+
+
+def without_config(text: str) -> str:
+    """The smallest form of an entry: its ``config`` dropped, everything else (the status) kept."""
+    entry = ModelEntry.from_json(text)
+    if entry is None or entry.config is None:
+        return text
+    return _encode_entry(replace(entry, config=None), _extra_fields(text))
+
+
+def _cap_metadata(config: ModelConfig) -> ModelConfig:
+    def cut(value: str) -> str:
+        return value[:MAX_METADATA_STRING]
+
+    def cut_map(value: Mapping[str, str] | None) -> Mapping[str, str] | None:
+        if value is None:
+            return None
+        items = sorted(value.items())[:MAX_METADATA_ITEMS]
+        return {cut(k): cut(v) for k, v in items}
+
+    def cut_list(value: tuple[str, ...] | None) -> tuple[str, ...] | None:
+        return None if value is None else tuple(cut(v) for v in value[:MAX_METADATA_ITEMS])
+
+    return replace(
+        config,
+        model_type=cut(config.model_type),
+        model_architecture=cut(config.model_architecture),
+        model_framework=cut_map(config.model_framework),
+        model_format=cut_map(config.model_format),
+        model_parameter_size=cut(config.model_parameter_size),
+        model_capabilities=cut_list(config.model_capabilities) or (),
+        api_capabilities=cut_list(config.api_capabilities) or (),
+        quantization=cut(config.quantization),
+        artifact=Artifact(
+            sha=cut(config.artifact.sha),
+            parent_path=cut_map(config.artifact.parent_path),
+            children_paths=cut_list(config.artifact.children_paths),
+        ),
+    )
+
+
+def _extra_fields(text: str) -> list[tuple[str, Any]]:
+    """Top-level fields the entry schema does not know (kept verbatim through a trim), in document order."""
+    try:
+        document = json.loads(text)
+    except ValueError:
+        return []
+    if not isinstance(document, dict):
+        return []
+    return [(k, v) for k, v in document.items() if k not in _KNOWN_FIELDS]
+
+
+def _encode_entry(entry: ModelEntry, extra: list[tuple[str, Any]]) -> str:
+    encoded = entry.to_json()
+    if not extra:
+        return encoded
+    return encoded[:-1] + "," + ",".join(f"{_encode_string(k)}:{_encode(v, False)}" for k, v in extra) + "}"
 
 
 # --- decoding -------------------------------------------------------------------------------------------

@@ -93,6 +93,15 @@ class Metrics:
             "model_agent_unmanaged_directories", "Directories under the roots that no manifest explains", registry=r
         )
         self.fetched_bytes = Counter("model_agent_fetched_bytes", "Bytes fetched from sources", registry=r)
+        # The node's model-status ConfigMap against the API server's 1 MiB limit (agent/node_configmap.py).
+        self.configmap_bytes = Gauge("model_agent_configmap_bytes", "Data bytes in the node's ConfigMap", registry=r)
+        self.configmap_full = Gauge("model_agent_configmap_full", "1 while model entries find no room", registry=r)
+        self.configmap_refused = Gauge(
+            "model_agent_configmap_refused_entries", "Model entries not written: no room", registry=r
+        )
+        self.configmap_compacted = Gauge(
+            "model_agent_configmap_compacted_entries", "Model entries written without their config for room", registry=r
+        )
         self.rbac_denied = Counter(
             "model_agent_rbac_denied", "API requests denied (401/403) by resource", ("resource",), registry=r
         )
