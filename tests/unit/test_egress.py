@@ -32,6 +32,7 @@ from model_agent.sources.egress import (
     is_trusted,
     origin_of,
 )
+from model_agent.sources.objects import RemoteObject
 from model_agent.sources.ranged_http import CONNECT_GUARD, SlotTransport, tls_context
 
 CLUSTER = Owner(CLUSTER_KIND)
@@ -256,7 +257,7 @@ def policy() -> Iterator[TenancyPolicy]:
     egress.configure(before)
 
 
-def _request(uri: str, owner: Owner | None, secret: dict[str, str] | None = None, **params: str) -> FetchRequest:
+def _request(uri: str, owner: Owner | None, secret: dict[str, str] | None = None, /, **params: str) -> FetchRequest:
     return FetchRequest(
         storage_uri=uri,
         dest=Path("/tmp/none/dest"),
@@ -308,7 +309,8 @@ def test_oci_native_refuses_tenants_before_any_sdk_call(policy: TenancyPolicy) -
         raise AssertionError("a tenant model reached the node's OCI identity")
 
     source = oci.OciSource(signer_factories={name: no_identity for name in oci.AUTH_TYPES})
-    for params in ({}, {"auth": "UserPrincipal"}, {"s3Compat": "true"}):  # s3Compat needs the namespace in the URI
+    cases: list[dict[str, str]] = [{}, {"auth": "UserPrincipal"}, {"s3Compat": "true"}]
+    for params in cases:  # s3Compat needs the namespace in the URI
         with pytest.raises(SourceError) as caught:
             asyncio.run(source.fetch(_request("oci://bucket/p", EVIL, **params)))
         assert caught.value.reason == "CredentialRefused"
@@ -319,3 +321,38 @@ def test_oci_native_refuses_tenants_before_any_sdk_call(policy: TenancyPolicy) -
             )
         )
     assert caught.value.reason == "EndpointRefused"
+
+
+def test_tenant_probes_follow_no_redirect(listener: tuple[int, list[socket.socket]]) -> None:
+    """A store that answers a tenant's probe with a redirect (to an internal address) is not followed."""
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    inner_port, accepted = listener
+
+    class Redirecting(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(302)
+            self.send_header("Location", f"http://127.0.0.1:{inner_port}/latest/meta-data/")
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, *_: Any) -> None:
+            return None
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Redirecting)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    guard = Guard(EVIL, TenancyPolicy.build(address_allow=["127.0.0.0/8"]))
+    listed = RemoteObject("k", "k", 10, '"e"')
+
+    async def run() -> None:
+        async with cloud.probe_session(guard) as session:
+            url = f"http://127.0.0.1:{server.server_address[1]}/bucket/k"
+            await cloud.probe(session, url, listed, "gs://bucket/k", follow_redirects=False)
+
+    try:
+        with pytest.raises(SourceError, match="unexpected HTTP 302"):
+            asyncio.run(run())
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert accepted == []
