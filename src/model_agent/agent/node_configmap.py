@@ -209,6 +209,7 @@ class NodeConfigMap:
 
     def _record(self, placement: Placement) -> None:
         was_full = self.full
+        newly_refused = len(set(placement.refused) - set(self.refused))
         for key in placement.write:
             self._settled(key)
         self.compacted.update(placement.compacted)
@@ -219,7 +220,8 @@ class NodeConfigMap:
                 "ConfigMap nearly full: entries written without their parsed config", keys=len(placement.compacted)
             )
         if placement.refused:
-            log.warning(
+            # A warning when keys are newly refused; their retries (with backoff) only at debug level.
+            (log.warning if newly_refused else log.debug)(
                 "ConfigMap full: entries not written",
                 keys=sorted(placement.refused)[:5],
                 refused=len(placement.refused),
