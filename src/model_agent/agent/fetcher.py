@@ -69,7 +69,6 @@ class Job:
     committed: bool = False
     # Set by Fetcher.cancel/stop: someone wants this job gone (honoured at once unless committed).
     cancel_requested: bool = False
-    threads_running: int = 0
 
     async def in_thread(self, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> T:
         """Run ``fn`` in a worker thread as part of this job and return its result.
@@ -82,15 +81,11 @@ class Job:
         call = functools.partial(contextvars.copy_context().run, fn, *args, **kwargs)
         future = loop.run_in_executor(None, call)
         cancelled = False
-        self.threads_running += 1
-        try:
-            while not future.done():
-                try:
-                    await asyncio.wait([future])
-                except asyncio.CancelledError:
-                    cancelled = True  # keep waiting: the thread is still touching the job's files
-        finally:
-            self.threads_running -= 1
+        while not future.done():
+            try:
+                await asyncio.wait([future])
+            except asyncio.CancelledError:
+                cancelled = True  # keep waiting: the thread is still touching the job's files
         if cancelled:
             if not future.cancelled():
                 future.exception()  # retrieved: the cancellation is what the caller gets
