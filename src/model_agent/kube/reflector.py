@@ -3,7 +3,11 @@
 Loop: paginated consistent LIST (``resourceVersion`` unset) → ``Store.replace`` → WATCH from the list's
 resourceVersion with bookmarks → apply each event → on the stream's normal end, watch again from the last
 seen resourceVersion; on ``410 Gone`` (or an ERROR event) relist; on any other failure back off (0.8 s
-doubling to 30 s, jittered) and retry.
+doubling to 30 s, jittered) and retry. What follows each attempt is decided by :func:`plan_next` (a pure
+table, unit-tested row by row): a LIST that fails — a ``410`` on its ``continue`` token included — is
+retried with backoff, never at once; a watch that ends (or is refused) within ``MIN_WATCH_S`` of opening
+is reopened only after a backoff, so a server that closes every watch at once cannot make it spin; a watch
+that ran longer resets the backoff, and its ``410`` relists at once.
 
 Guarantees:
 * the change callback is synchronous and must not block: it only says "look at key K again", so a slow
@@ -12,7 +16,10 @@ Guarantees:
   watch ``DELETED`` is: a candidate that the consumer must confirm, never a fact;
 * a failed or partial LIST never reaches the store: the store changes only after every page arrived;
 * every request carries a deadline, and a watch that stays silent longer than its server timeout plus a
-  margin is treated as dead (bookmarks keep a healthy stream talking).
+  margin is treated as dead (bookmarks keep a healthy stream talking);
+* anything else that goes wrong (a bug, an answer of an unexpected shape) ends :meth:`Reflector.run` with
+  the exception: the agent's supervisor logs it, counts it, marks the component down and runs it again
+  (from a fresh LIST) after a backoff.
 """
 
 from __future__ import annotations
@@ -20,7 +27,9 @@ from __future__ import annotations
 import asyncio
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from enum import StrEnum
 from typing import Any
 
 import structlog
@@ -37,10 +46,76 @@ LIST_PAGE_SIZE = 500
 LIST_TIMEOUT_S = 60.0
 BACKOFF_INITIAL_S = 0.8
 BACKOFF_CAP_S = 30.0
+# A watch that ends within this long of opening (cleanly, refused or with 410) is reopened only after a
+# backoff: a server or proxy that closes every watch at once must not make the reflector spin.
+MIN_WATCH_S = 1.0
 
 
 class _Relist(Exception):
     """Internal: the watch cannot continue from its resourceVersion; list again."""
+
+
+class Phase(StrEnum):
+    LIST = "list"
+    WATCH = "watch"
+
+
+class Result(StrEnum):
+    ENDED = "ended"  # a watch stream ended normally (the server's timeout, a proxy closing it)
+    GONE = "gone"  # 410 Gone, or an ERROR event in the watch: the resourceVersion cannot be continued
+    FAILED = "failed"  # any other API error or an unreachable server
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """How one LIST or WATCH attempt ended: the facts :func:`plan_next` decides from."""
+
+    phase: Phase
+    result: Result
+    lasted_s: float = 0.0
+    # The watch began from the resourceVersion of the LIST just before it (not from a long-running stream).
+    after_relist: bool = False
+    have_resource_version: bool = True
+
+
+@dataclass(frozen=True)
+class Plan:
+    relist: bool
+    delay_s: float  # before jitter; 0: at once
+    backoff_s: float  # the backoff base for the next failure
+
+
+def plan_next(attempt: Attempt, backoff_s: float) -> Plan:
+    """What to do after an attempt: relist or watch again, how long to wait, and the next backoff base.
+
+    =====  ======  ==========================================  =======  ===============  ==============
+    phase  result  condition                                   relist   delay            next backoff
+    =====  ======  ==========================================  =======  ===============  ==============
+    list   any     (a failed LIST, a 410 continue included)    yes      backoff          doubled
+    watch  ended   lasted >= MIN_WATCH_S                       no       0                reset
+    watch  ended   shorter                                     no       backoff          doubled
+    watch  gone    lasted >= MIN_WATCH_S, or resumed an old    yes      0                reset if it
+                   resourceVersion (not right after a LIST)                              lasted
+    watch  gone    shorter, right after a LIST                 yes      backoff          doubled
+    watch  failed  any                                         no (yes  backoff (reset   doubled
+                                                               w/o rv)  first if it
+                                                                        lasted)
+    =====  ======  ==========================================  =======  ===============  ==============
+    """
+    grown = min(backoff_s * 2, BACKOFF_CAP_S)
+    lasted = attempt.lasted_s >= MIN_WATCH_S
+    if attempt.phase == Phase.LIST:
+        return Plan(relist=True, delay_s=backoff_s, backoff_s=grown)
+    if attempt.result == Result.ENDED:
+        if lasted:
+            return Plan(relist=False, delay_s=0.0, backoff_s=BACKOFF_INITIAL_S)
+        return Plan(relist=False, delay_s=backoff_s, backoff_s=grown)
+    if attempt.result == Result.GONE:
+        if lasted or not attempt.after_relist:
+            return Plan(relist=True, delay_s=0.0, backoff_s=BACKOFF_INITIAL_S if lasted else backoff_s)
+        return Plan(relist=True, delay_s=backoff_s, backoff_s=grown)
+    base = BACKOFF_INITIAL_S if lasted else backoff_s
+    return Plan(relist=not attempt.have_resource_version, delay_s=base, backoff_s=min(base * 2, BACKOFF_CAP_S))
 
 
 class Reflector:
@@ -54,6 +129,7 @@ class Reflector:
         field_selector: str | None = None,
         watch_timeout_s: tuple[int, int] = (300, 600),
         rng: random.Random | None = None,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     ) -> None:
         self.client = client
         self.resource = resource
@@ -63,6 +139,7 @@ class Reflector:
         self._field_selector = field_selector
         self._watch_timeout_s = watch_timeout_s
         self._rng = rng or random.Random()
+        self._sleep = sleep
         self.synced = asyncio.Event()
         self.resource_version = ""
         self.relists = 0
@@ -107,34 +184,46 @@ class Reflector:
                 return items, rv
 
     async def run(self) -> None:
-        """Run until cancelled."""
+        """Run until cancelled. Unexpected exceptions propagate (the caller supervises)."""
         backoff = BACKOFF_INITIAL_S
         need_list = True
         while True:
-            try:
-                if need_list:
-                    await self._relist()
-                    need_list = False
-                await self._watch_once()
-                backoff = BACKOFF_INITIAL_S
-            except _Relist:
-                need_list = True
-            except asyncio.CancelledError:
-                raise
-            except (ApiError, ApiUnavailable) as exc:
-                self.last_error = str(exc)
-                if isinstance(exc, ApiError) and exc.status == 410:
-                    need_list = True
-                    continue
-                if isinstance(exc, ApiError) and exc.status in (401, 403):
-                    log.error("reflector forbidden", resource=self.name, error=str(exc))
-                else:
-                    log.warning("reflector error", resource=self.name, error=str(exc), retry_in=round(backoff, 2))
-                delay = backoff * (0.5 + self._rng.random())
-                backoff = min(backoff * 2, BACKOFF_CAP_S)
-                if need_list or not self.resource_version:
-                    need_list = True
-                await asyncio.sleep(delay)
+            attempt = await self._attempt(need_list)
+            plan = plan_next(attempt, backoff)
+            backoff = plan.backoff_s
+            need_list = plan.relist
+            if plan.delay_s > 0:
+                await self._sleep(plan.delay_s * (0.5 + self._rng.random()))
+
+    async def _attempt(self, need_list: bool) -> Attempt:
+        """One LIST (when needed) and one WATCH; how it ended. API failures become facts, nothing else."""
+        phase = Phase.LIST if need_list else Phase.WATCH
+        started = time.monotonic()
+        try:
+            if need_list:
+                await self._relist()
+                phase, started = Phase.WATCH, time.monotonic()
+            await self._watch_once()
+            return Attempt(Phase.WATCH, Result.ENDED, time.monotonic() - started, after_relist=need_list)
+        except _Relist:
+            return Attempt(Phase.WATCH, Result.GONE, time.monotonic() - started, after_relist=need_list)
+        except (ApiError, ApiUnavailable) as exc:
+            self.last_error = str(exc)
+            lasted = time.monotonic() - started
+            gone = isinstance(exc, ApiError) and exc.status == 410
+            if isinstance(exc, ApiError) and exc.status in (401, 403):
+                log.error("reflector forbidden", resource=self.name, phase=phase.value, error=str(exc))
+            elif gone and phase == Phase.WATCH:
+                log.info("watch expired; relisting", resource=self.name)
+            else:
+                log.warning("reflector error", resource=self.name, phase=phase.value, error=str(exc))
+            return Attempt(
+                phase,
+                Result.GONE if gone else Result.FAILED,
+                lasted,
+                after_relist=need_list,
+                have_resource_version=bool(self.resource_version),
+            )
 
     async def _relist(self) -> None:
         items, rv = await self.list_all()

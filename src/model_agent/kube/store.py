@@ -7,11 +7,22 @@ it installs the listed objects and reports which keys *vanished* — present bef
 Contract: a vanished key is reported as a candidate, never as a fact. The store forgets the object (it is
 no longer in the server's list) but hands the last known object to the caller, who must prove absence with
 a live read before acting on it. The store itself never triggers anything destructive.
+
+The store also remembers, per key, when it last *heard* of it (:class:`Heard`: an upsert, a relist, a
+delete — deletes leave a tombstone) and the resourceVersion it heard. :meth:`Store.repair` uses it: a live
+read (a confirmation GET or LIST) may put an object back into the cache only if the key is absent and the
+read *started after* the last thing heard of that key. A read that started earlier may predate a delete
+heard meanwhile, and re-inserting it would resurrect a deleted object until the next relist. The rule is
+the heard time, not a resourceVersion comparison: resourceVersions are opaque strings to clients (that
+they compare as integers is an etcd implementation detail), while "the read began after the event reached
+us" holds with any server, since a consistent read reflects at least every write that was already
+delivered. Tombstones are kept for ``tombstone_ttl_s``; a repair by a read older than that is refused.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+import time
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -46,9 +57,28 @@ class Change:
         return self.new is None
 
 
+@dataclass(frozen=True)
+class Heard:
+    """The last thing the store heard of a key: when (``clock`` time), at which resourceVersion, a delete?"""
+
+    at: float
+    resource_version: str
+    deleted: bool
+
+
+TOMBSTONE_TTL_S = 3600.0
+_PRUNE_EVERY_S = 60.0
+
+
 class Store:
-    def __init__(self) -> None:
+    def __init__(
+        self, *, clock: Callable[[], float] = time.monotonic, tombstone_ttl_s: float = TOMBSTONE_TTL_S
+    ) -> None:
         self._items: dict[str, Obj] = {}
+        self._heard: dict[str, Heard] = {}
+        self._clock = clock
+        self._tombstone_ttl_s = tombstone_ttl_s
+        self._pruned_at = clock()
 
     def __len__(self) -> int:
         return len(self._items)
@@ -65,28 +95,66 @@ class Store:
     def values(self) -> Iterator[Obj]:
         return iter(list(self._items.values()))
 
+    def heard(self, key: str) -> Heard | None:
+        """The last thing heard of ``key`` (None: nothing, or a tombstone older than the TTL)."""
+        return self._heard.get(key)
+
     def upsert(self, obj: Obj) -> Change:
         key = object_key(obj)
         old = self._items.get(key)
         self._items[key] = obj
+        self._heard[key] = Heard(self._clock(), resource_version(obj), deleted=False)
         return Change(key, old, obj)
 
     def delete(self, obj: Obj) -> Change:
         """Forget an object a watch reported deleted; the change carries the last known state."""
         key = object_key(obj)
         last = self._items.pop(key, None)
+        self._heard[key] = Heard(self._clock(), resource_version(obj), deleted=True)
+        self._prune()
         return Change(key, last if last is not None else obj, None)
 
     def replace(self, objs: Iterable[Obj]) -> list[Change]:
         """Install a complete list; return a change per added/updated key and per vanished key."""
+        now = self._clock()
         fresh = {object_key(o): o for o in objs}
         changes: list[Change] = []
         for key, gone in self._items.items():
             if key not in fresh:
                 changes.append(Change(key, gone, None))
+                self._heard[key] = Heard(now, resource_version(gone), deleted=True)
         for key, new in fresh.items():
             previous = self._items.get(key)
             if previous is None or resource_version(previous) != resource_version(new):
                 changes.append(Change(key, previous, new))
+            self._heard[key] = Heard(now, resource_version(new), deleted=False)
         self._items = fresh
+        self._prune()
         return changes
+
+    def repair(self, obj: Obj, read_started: float) -> bool:
+        """Insert ``obj``, read live by a read that started at ``read_started`` (``clock`` time), if it is newer
+        than everything heard of its key: the key is absent and nothing was heard of it since the read began.
+        True when inserted."""
+        key = object_key(obj)
+        if key in self._items:
+            return False
+        now = self._clock()
+        if read_started < now - self._tombstone_ttl_s:
+            return False  # older than the tombstones kept: a delete heard since might be forgotten
+        heard = self._heard.get(key)
+        if heard is not None and heard.at >= read_started:
+            return False
+        self._items[key] = obj
+        self._heard[key] = Heard(now, resource_version(obj), deleted=False)
+        return True
+
+    def _prune(self) -> None:
+        """Forget tombstones older than the TTL (at most once a minute)."""
+        now = self._clock()
+        if now - self._pruned_at < _PRUNE_EVERY_S:
+            return
+        self._pruned_at = now
+        horizon = now - self._tombstone_ttl_s
+        for key in [k for k, h in self._heard.items() if h.deleted and h.at < horizon]:
+            del self._heard[key]
