@@ -6,14 +6,20 @@ What this proves, in order:
    applies to kube-apiserver and can be read back;
 2. the ServiceAccount's effective permissions, asked of the API server's own authorizer with
    SubjectAccessReviews, are exactly the table below (allowed and denied rows);
-3. the ValidatingAdmissionPolicy, with a pod-bound ServiceAccount token (TokenRequest bound to a Pod on
-   ``n1``, so it carries the ``authentication.kubernetes.io/node-name`` claim), lets the agent write its
-   own Node's ``models.ome.io/*`` labels and nothing else;
-4. the agent itself runs with that token (so under the chart's RBAC and the policy): a ClusterBaseModel
-   becomes Ready on ``n1`` and goes away again, and no request of the agent was denied.
+3. the ValidatingAdmissionPolicies, with a pod-bound ServiceAccount token (TokenRequest bound to a Pod on
+   ``n1``, so it carries the ``authentication.kubernetes.io/node-name`` claim), confine what a stolen
+   agent token can write to its own node: the node guard lets it write its own Node's ``models.ome.io/*``
+   labels and nothing else; the ConfigMap guard its own node's ConfigMap and the shared resolve records
+   (only their keys and label); the model guard only unset enrichment fields of a model's spec (never
+   ``spec.storage``); the Lease guard only ``origin-*`` slot Leases, held as itself or released. A token
+   without the node-name claim writes nothing. The agent's own code paths (ResolveCache, OriginSlots)
+   are run with that token to show the policies accept what the agent really sends;
+4. the agent itself runs with that token (so under the chart's RBAC and the policies): a ClusterBaseModel
+   becomes Ready on ``n1``, its spec is enriched from the weights' config, it goes away again, and no
+   request of the agent was denied.
 
-The admission policy binding is deleted when the module ends, so agents of other tests (admin
-credentials, never matched by the policy anyway) are unaffected either way.
+The admission policy bindings are deleted when the module ends, so agents of other tests (admin
+credentials, never matched by the policies anyway) are unaffected either way.
 """
 
 from __future__ import annotations
@@ -22,19 +28,23 @@ import asyncio
 import subprocess
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
+from model_agent.agent.origin_slots import OriginSlots, lease_names
+from model_agent.agent.resolve_cache import ResolveCache
 from model_agent.devenv.controlplane import helm_binary, repo_root
 from model_agent.kube.client import ApiError, KubeClient
+from model_agent.kube.resources import CLUSTERBASEMODELS, CONFIGMAPS, LEASES
 from model_agent.model.keys import configmap_key, node_label_key
 from tests.support.agent import AgentProcess
-from tests.support.kube import Kube, cbm
+from tests.support.kube import Kube, bm, cbm
 from tests.support.models import tiny_llama
 from tests.support.waiting import eventually
 
@@ -49,6 +59,8 @@ OTHER_NODE = "n2"
 CBM = "ClusterBaseModel"
 # A suffix unique to this module's run (the session shares one API server with other tests).
 RUN = uuid.uuid4().hex[:6]
+# The chart's admission policies, by the suffix of their names ("<release>-<guard>").
+GUARDS = ("node-guard", "configmap-guard", "model-guard", "lease-guard")
 
 Doc = dict[str, Any]
 
@@ -103,16 +115,31 @@ def the_one(docs: list[Doc], kind: str) -> Doc:
     return found[0]
 
 
+def policies_by_guard(docs: list[Doc]) -> dict[str, str]:
+    """Guard suffix -> policy name; every policy the chart renders is one of GUARDS and has one binding."""
+    names = [d["metadata"]["name"] for d in docs if d["kind"] == "ValidatingAdmissionPolicy"]
+    bound = [d["spec"]["policyName"] for d in docs if d["kind"] == "ValidatingAdmissionPolicyBinding"]
+    assert sorted(names) == sorted(bound), f"policies {names} and their bindings {bound} differ"
+    by_guard = {guard: f"{RELEASE}-{guard}" for guard in GUARDS}
+    assert sorted(names) == sorted(by_guard.values()), f"the chart renders the policies {names}"
+    return by_guard
+
+
 @dataclass
 class Deployment:
     docs: list[Doc]
     service_account: str
-    policy: str
-    binding: str
+    policies: dict[str, str]
 
     @property
     def username(self) -> str:
         return f"system:serviceaccount:{NAMESPACE}:{self.service_account}"
+
+    def policy(self, guard: str) -> str:
+        return self.policies[guard]
+
+    def bindings(self) -> list[Doc]:
+        return [d for d in self.docs if d["kind"] == "ValidatingAdmissionPolicyBinding"]
 
 
 @dataclass
@@ -149,18 +176,18 @@ async def deployed(admin: KubeClient) -> AsyncIterator[Deployment]:
     deployment = Deployment(
         docs=docs,
         service_account=the_one(docs, "ServiceAccount")["metadata"]["name"],
-        policy=the_one(docs, "ValidatingAdmissionPolicy")["metadata"]["name"],
-        binding=the_one(docs, "ValidatingAdmissionPolicyBinding")["metadata"]["name"],
+        policies=policies_by_guard(docs),
     )
     try:
         yield deployment
     finally:
-        # Without its binding the policy does nothing; the RBAC objects and the (pod-less) DaemonSet stay.
-        try:
-            await admin.request("DELETE", object_path(the_one(docs, "ValidatingAdmissionPolicyBinding")))
-        except ApiError as exc:
-            if exc.status != 404:
-                raise
+        # Without its binding a policy does nothing; the RBAC objects and the (pod-less) DaemonSet stay.
+        for binding in deployment.bindings():
+            try:
+                await admin.request("DELETE", object_path(binding))
+            except ApiError as exc:
+                if exc.status != 404:
+                    raise
 
 
 def write_token_kubeconfig(session_kubeconfig: Path, token: str, path: Path) -> Path:
@@ -253,24 +280,85 @@ async def denial(client: KubeClient, node: str, patch: Doc) -> ApiError | None:
     return None
 
 
-async def wait_policy_effective(client: KubeClient, policy: str) -> None:
-    """The policy and its binding are picked up asynchronously: retry a request the policy must deny.
+async def refusal(request: Awaitable[Any]) -> ApiError | None:
+    """The ApiError a request is refused with, or None when it is accepted."""
+    try:
+        await request
+    except ApiError as exc:
+        return exc
+    return None
 
-    The probe is the first expected-denied request of the policy test (a model label on another Node), sent
-    as a dry run so an attempt that is still let through changes nothing.
+
+def configmap(name: str, data: dict[str, str], labels: dict[str, str] | None = None) -> Doc:
+    meta: Doc = {"name": name, "namespace": NAMESPACE}
+    if labels is not None:
+        meta["labels"] = labels
+    return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": meta, "data": data}
+
+
+def lease(name: str, holder: str, *, renewed_s_ago: float = 0.0, rv: str | None = None) -> Doc:
+    renewed = datetime.now(UTC) - timedelta(seconds=renewed_s_ago)
+    meta: Doc = {"name": name, "namespace": NAMESPACE}
+    if rv is not None:
+        meta["resourceVersion"] = rv
+    stamp = renewed.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    return {
+        "apiVersion": "coordination.k8s.io/v1",
+        "kind": "Lease",
+        "metadata": meta,
+        "spec": {"holderIdentity": holder, "leaseDurationSeconds": 30, "acquireTime": stamp, "renewTime": stamp},
+    }
+
+
+DRY_RUN = {"dryRun": "All"}
+
+
+async def wait_policies_effective(admin: KubeClient, agent: KubeClient, deployed: Deployment) -> None:
+    """Policies and bindings are picked up asynchronously: retry, for each policy, a dry run it must deny.
+
+    Each probe is a request RBAC allows and only that policy refuses, sent as a dry run so an attempt that
+    is still let through changes nothing. The model guard needs a model to update: a throw-away
+    ClusterBaseModel, deleted before this returns (no agent runs meanwhile).
     """
-    probe = {"metadata": {"labels": {f"models.ome.io/clusterbasemodel.vap-wait-{RUN}": "Ready"}}}
+    probe_model = f"vap-wait-{RUN}"
+    await Kube(admin).apply(cbm(probe_model, "hf://vap-wait/model"))
+    probes: dict[str, Callable[[], Awaitable[Any]]] = {
+        "node-guard": lambda: merge_patch_node(
+            agent,
+            OTHER_NODE,
+            {"metadata": {"labels": {f"models.ome.io/clusterbasemodel.vap-wait-{RUN}": "Ready"}}},
+            dry_run=True,
+        ),
+        "configmap-guard": lambda: agent.request(
+            "POST", CONFIGMAPS.path(NAMESPACE), body=configmap(f"{OTHER_NODE}-vap-wait-{RUN}", {}), query=DRY_RUN
+        ),
+        "model-guard": lambda: agent.request(
+            "PATCH",
+            CLUSTERBASEMODELS.path(None, probe_model),
+            body={"spec": {"storage": {"storageUri": "hf://elsewhere/model"}}},
+            content_type="application/merge-patch+json",
+            query=DRY_RUN,
+        ),
+        "lease-guard": lambda: agent.request(
+            "POST", LEASES.path(NAMESPACE), body=lease(f"foreign-vap-wait-{RUN}", NODE), query=DRY_RUN
+        ),
+    }
+    assert sorted(probes) == sorted(GUARDS)
+    try:
+        started = time.monotonic()
+        for guard, probe in probes.items():
+            policy = deployed.policy(guard)
 
-    async def denied() -> bool:
-        try:
-            await merge_patch_node(client, OTHER_NODE, probe, dry_run=True)
-        except ApiError as exc:
-            return exc.status == 403 and policy in exc.message
-        return False
+            async def denied(probe: Callable[[], Awaitable[Any]] = probe, policy: str = policy) -> bool:
+                exc = await refusal(probe())
+                return exc is not None and exc.status == 403 and policy in exc.message
 
-    started = time.monotonic()
-    await eventually(denied, timeout=30, what=f"ValidatingAdmissionPolicy {policy} in effect", interval=0.2)
-    print(f"admission policy {policy} effective after {time.monotonic() - started:.1f}s")
+            await eventually(denied, timeout=30, what=f"ValidatingAdmissionPolicy {policy} in effect", interval=0.2)
+        print(
+            f"admission policies {sorted(deployed.policies.values())} effective after {time.monotonic() - started:.1f}s"
+        )
+    finally:
+        await Kube(admin).delete_model(CBM, probe_model)
 
 
 # ------------------------------------------------------------------------------------------- 1. the chart
@@ -290,9 +378,10 @@ async def test_chart_renders_and_every_document_applies(admin: KubeClient, deplo
         assert FIELD_MANAGER in managers, f"{path} not applied by {FIELD_MANAGER}: {managers}"
         print(f"applied {doc['kind']:<34} {path}")
     assert deployed.service_account == RELEASE
-    binding = await admin.request("GET", object_path(the_one(deployed.docs, "ValidatingAdmissionPolicyBinding")))
-    assert binding["spec"]["policyName"] == deployed.policy
-    assert binding["spec"]["validationActions"] == ["Deny"]
+    live_bindings = [await admin.request("GET", object_path(doc)) for doc in deployed.bindings()]
+    assert sorted(b["spec"]["policyName"] for b in live_bindings) == sorted(deployed.policies.values())
+    for binding in live_bindings:
+        assert binding["spec"]["validationActions"] == ["Deny"], binding["metadata"]["name"]
 
 
 # ------------------------------------------------------------------------------------------------- 2. RBAC
@@ -436,7 +525,8 @@ async def test_admission_policy_confines_the_agent_to_its_own_nodes_model_labels
         claim = info["extra"]["authentication.kubernetes.io/node-name"]
         print(f"pod-bound token: user {info['username']}, node-name claim {claim}")
 
-        await wait_policy_effective(agent, deployed.policy)
+        await wait_policies_effective(admin, agent, deployed)
+        policy = deployed.policy("node-guard")
 
         # Its own Node, a model label with an agent value: accepted.
         assert await denial(agent, NODE, {"metadata": {"labels": {label: "Ready"}}}) is None
@@ -445,14 +535,14 @@ async def test_admission_policy_confines_the_agent_to_its_own_nodes_model_labels
         # Another Node: refused by the policy (RBAC alone would allow it).
         exc = await denial(agent, OTHER_NODE, {"metadata": {"labels": {label: "Ready"}}})
         assert exc is not None and exc.status == 403, exc
-        assert deployed.policy in exc.message and f"may not modify Node {OTHER_NODE}" in exc.message, exc.message
+        assert policy in exc.message and f"may not modify Node {OTHER_NODE}" in exc.message, exc.message
         assert label not in await admin_kube.node_labels(OTHER_NODE)
         print(f"n2 patch refused: {exc.message}")
 
         # A label outside the prefix on its own Node: refused, and named.
         exc = await denial(agent, NODE, {"metadata": {"labels": {"team": "x"}}})
         assert exc is not None and exc.status == 403, exc
-        assert deployed.policy in exc.message and "team" in exc.message, exc.message
+        assert policy in exc.message and "team" in exc.message, exc.message
         print(f"non-model label refused: {exc.message}")
 
         # A model label with a value the agent never writes: refused.
@@ -497,6 +587,306 @@ async def test_admission_policy_confines_the_agent_to_its_own_nodes_model_labels
         await admin_kube.label_node(OTHER_NODE, {label: None})
 
 
+async def merge_patch(client: KubeClient, path: str, patch: Doc) -> Doc:
+    return await client.request("PATCH", path, body=patch, content_type="application/merge-patch+json")
+
+
+async def write_own_configmap(client: KubeClient, data: dict[str, str]) -> None:
+    """What the agent does with its node's ConfigMap: a merge patch of keys, or a create when it is missing."""
+    try:
+        await merge_patch(client, CONFIGMAPS.path(NAMESPACE, NODE), {"data": data})
+    except ApiError as exc:
+        if exc.status != 404:
+            raise
+        await client.request("POST", CONFIGMAPS.path(NAMESPACE), body=configmap(NODE, data))
+
+
+def refused_by(exc: ApiError | None, policy: str, *fragments: str) -> ApiError:
+    """Assert a 403 from ``policy`` whose message holds every fragment; return it for printing."""
+    assert exc is not None, f"accepted, but {policy} should have refused it"
+    assert exc.status == 403, exc
+    assert policy in exc.message, exc.message
+    for fragment in fragments:
+        assert fragment in exc.message, (fragment, exc.message)
+    return exc
+
+
+async def test_configmap_policy_confines_writes_to_its_own_node_and_the_resolve_records(
+    admin: KubeClient, deployed: Deployment, pod_token: PodToken, kubeconfig: Path, tmp_path: Path
+) -> None:
+    policy = deployed.policy("configmap-guard")
+    key = f"vap-test-{RUN}"
+    uri = f"hf://vap-org/model-{RUN}"
+    record = ResolveCache.name(uri)
+    foreign_record = ResolveCache.name(uri + "-foreign")
+    # Another node's ConfigMap, as the OME controller would read it (created by an administrator here).
+    exists = await refusal(admin.request("POST", CONFIGMAPS.path(NAMESPACE), body=configmap(OTHER_NODE, {})))
+    assert exists is None or exists.status == 409, exists
+    agent = await KubeClient.connect(pod_token.kubeconfig)
+    try:
+        await wait_policies_effective(admin, agent, deployed)
+
+        # Its own node's ConfigMap: accepted (create or merge patch, whichever the agent's first write is).
+        assert await refusal(write_own_configmap(agent, {key: "{}"})) is None
+        own = await admin.request("GET", CONFIGMAPS.path(NAMESPACE, NODE))
+        assert own["data"][key] == "{}"
+
+        # Another node's ConfigMap (update), and a new ConfigMap of any other name (create): refused.
+        exc = refused_by(
+            await refusal(merge_patch(agent, CONFIGMAPS.path(NAMESPACE, OTHER_NODE), {"data": {key: "{}"}})),
+            policy,
+            f"not {OTHER_NODE}",
+        )
+        print(f"another node's ConfigMap refused: {exc.message}")
+        other = await admin.request("GET", CONFIGMAPS.path(NAMESPACE, OTHER_NODE))
+        assert key not in (other.get("data") or {})
+        refused_by(
+            await refusal(
+                agent.request("POST", CONFIGMAPS.path(NAMESPACE), body=configmap(f"model-agent-config-{RUN}", {}))
+            ),
+            policy,
+            f"model-agent-config-{RUN}",
+        )
+
+        # The agent's own resolve-cache code: the first put creates the record, the second merge-patches it.
+        cache = ResolveCache(agent, NAMESPACE)
+        files = [{"path": "config.json", "size": 2}]
+        await cache.put(uri, "a" * 40, files)
+        assert (await admin.request("GET", CONFIGMAPS.path(NAMESPACE, record)))["data"]["commit"] == "a" * 40
+        await cache.put(uri, "b" * 40, files)
+        written = await admin.request("GET", CONFIGMAPS.path(NAMESPACE, record))
+        assert written["data"]["commit"] == "b" * 40, "the resolve record's merge patch was refused"
+        assert sorted(written["data"]) == ["at", "commit", "files", "uri"]
+        assert await cache.get(uri, "b" * 40) == ("b" * 40, files)
+
+        # A resolve record with a key or a label the agent never writes: refused.
+        refused_by(
+            await refusal(merge_patch(agent, CONFIGMAPS.path(NAMESPACE, record), {"data": {"script": "x"}})),
+            policy,
+            "script",
+        )
+        refused_by(
+            await refusal(
+                merge_patch(agent, CONFIGMAPS.path(NAMESPACE, record), {"metadata": {"labels": {"team": "x"}}})
+            ),
+            policy,
+            "app.kubernetes.io/managed-by=model-agent",
+        )
+        refused_by(
+            await refusal(
+                agent.request(
+                    "POST", CONFIGMAPS.path(NAMESPACE), body=configmap(foreign_record, {"uri": uri}, labels={})
+                )
+            ),
+            policy,
+            "label",
+        )
+        refused_by(
+            await refusal(merge_patch(agent, CONFIGMAPS.path(NAMESPACE, record), {"immutable": True})),
+            policy,
+            "immutable",
+        )
+
+        # A token of the same ServiceAccount without the node-name claim: refused even for n1's ConfigMap.
+        unbound = await request_token(admin, deployed.service_account, None)
+        unbound_cfg = write_token_kubeconfig(kubeconfig, unbound, tmp_path / "unbound-kubeconfig")
+        async with await KubeClient.connect(unbound_cfg) as loose:
+            exc = refused_by(await refusal(write_own_configmap(loose, {key: "[]"})), policy, "node-name")
+        print(f"unbound token refused: {exc.message}")
+    finally:
+        await agent.close()
+        await merge_patch(admin, CONFIGMAPS.path(NAMESPACE, NODE), {"data": {key: None}})
+        for name in (record, foreign_record):
+            try:
+                await admin.request("DELETE", CONFIGMAPS.path(NAMESPACE, name))
+            except ApiError as exc:
+                if exc.status != 404:
+                    raise
+
+
+async def test_model_policy_lets_the_agent_fill_only_unset_enrichment_fields(
+    admin: KubeClient, deployed: Deployment, pod_token: PodToken, kubeconfig: Path, tmp_path: Path
+) -> None:
+    policy = deployed.policy("model-guard")
+    admin_kube = Kube(admin)
+    name = f"vap-model-{RUN}"
+    uri = "hf://vap-org/victim"
+    body = cbm(name, uri)
+    # Set, empty string, empty list, empty object, absent: each kind of "unset" the agent may fill.
+    body["spec"].update(
+        {"modelType": "llama", "modelArchitecture": "", "modelCapabilities": [], "modelConfiguration": {}}
+    )
+    namespaced = bm("default", name, uri)
+    agent = await KubeClient.connect(pod_token.kubeconfig)
+    try:
+        created = await admin_kube.apply(body)
+        await admin_kube.apply(namespaced)
+        spec = created["spec"]
+        # The empty values are stored as sent, so the fills below go through the policy's size() checks.
+        assert spec["modelArchitecture"] == "" and spec["modelCapabilities"] == [] and spec["modelConfiguration"] == {}
+        await wait_policies_effective(admin, agent, deployed)
+        path = CLUSTERBASEMODELS.path(None, name)
+
+        # Swapping the weights' source (the fleet-wide poisoning a stolen token could do): refused, on both kinds.
+        exc = refused_by(
+            await refusal(merge_patch(agent, path, {"spec": {"storage": {"storageUri": "hf://attacker/poison"}}})),
+            policy,
+            "spec.storage",
+        )
+        print(f"storageUri patch refused: {exc.message}")
+        refused_by(
+            await refusal(
+                merge_patch(
+                    agent,
+                    f"/apis/ome.io/v1beta1/namespaces/default/basemodels/{name}",
+                    {"spec": {"storage": {"storageUri": "hf://attacker/poison"}}},
+                )
+            ),
+            policy,
+            "spec.storage",
+        )
+        # Another spec field, a set enrichment field, labels: refused.
+        refused_by(await refusal(merge_patch(agent, path, {"spec": {"disabled": True}})), policy, "spec.disabled")
+        exc = refused_by(
+            await refusal(merge_patch(agent, path, {"spec": {"modelType": "mistral"}})), policy, "spec.modelType"
+        )
+        print(f"overwrite refused: {exc.message}")
+        refused_by(await refusal(merge_patch(agent, path, {"metadata": {"labels": {"team": "x"}}})), policy, "labels")
+        live = await admin_kube.get_model(CBM, name)
+        assert live["spec"]["storage"]["storageUri"] == uri and live["spec"]["modelType"] == "llama"
+
+        # The agent's enrichment patch (reconciler._enrich_spec's shape: only unset keys, with the uid):
+        # accepted, filling the empty string, list and object and the absent fields.
+        fill = {
+            "modelArchitecture": "LlamaForCausalLM",
+            "modelCapabilities": ["TEXT_GENERATION"],
+            "modelConfiguration": {"architecture": "LlamaForCausalLM"},
+            "modelParameterSize": "1.24B",
+            "modelFramework": {"name": "transformers"},
+            "modelFormat": {"name": "safetensors"},
+            "quantization": "fp8",
+        }
+        patch = {"metadata": {"uid": created["metadata"]["uid"]}, "spec": fill}
+        assert await refusal(merge_patch(agent, path, patch)) is None
+        live = await admin_kube.get_model(CBM, name)
+        for field, value in fill.items():
+            if isinstance(value, dict):
+                assert value.items() <= live["spec"][field].items(), (field, live["spec"][field])
+            else:
+                assert live["spec"][field] == value, field
+        # Once filled, the same fields are set: filling them again with something else is refused.
+        refused_by(
+            await refusal(merge_patch(agent, path, {"spec": {"modelArchitecture": "MistralForCausalLM"}})),
+            policy,
+            "spec.modelArchitecture",
+        )
+        refused_by(
+            await refusal(merge_patch(agent, path, {"spec": {"modelCapabilities": ["EMBEDDING"]}})),
+            policy,
+            "spec.modelCapabilities",
+        )
+
+        # A token without the node-name claim: refused even for an enrichment field.
+        unbound = await request_token(admin, deployed.service_account, None)
+        unbound_cfg = write_token_kubeconfig(kubeconfig, unbound, tmp_path / "unbound-kubeconfig")
+        async with await KubeClient.connect(unbound_cfg) as loose:
+            refused_by(
+                await refusal(
+                    merge_patch(
+                        loose,
+                        f"/apis/ome.io/v1beta1/namespaces/default/basemodels/{name}",
+                        {"spec": {"modelType": "llama"}},
+                    )
+                ),
+                policy,
+                "node-name",
+            )
+    finally:
+        await agent.close()
+        await admin_kube.delete_model(CBM, name)
+        await admin_kube.delete_model("BaseModel", name, "default")
+
+
+async def test_lease_policy_allows_only_origin_slots_held_as_itself(
+    admin: KubeClient, deployed: Deployment, pod_token: PodToken, kubeconfig: Path, tmp_path: Path
+) -> None:
+    policy = deployed.policy("lease-guard")
+    foreign = f"ome-controller-leader-{RUN}"
+    slots = lease_names(f"hf://vap-org/slots-{RUN}", 3)
+    taken_over = lease_names(f"hf://vap-org/taken-over-{RUN}", 1)[0]
+    created: list[str] = []
+
+    async def admin_create(doc: Doc) -> None:
+        await admin.request("POST", LEASES.path(NAMESPACE), body=doc)
+        created.append(doc["metadata"]["name"])
+
+    async def put_as(client: KubeClient, name: str, holder: str) -> Doc:
+        current = await client.request("GET", LEASES.path(NAMESPACE, name))
+        rv = str(current["metadata"]["resourceVersion"])
+        return await client.request("PUT", LEASES.path(NAMESPACE, name), body=lease(name, holder, rv=rv))
+
+    agent = await KubeClient.connect(pod_token.kubeconfig)
+    try:
+        # A controller's leader-election Lease in the agent's namespace.
+        await admin_create(lease(foreign, "ome-controller-7f9c"))
+        await wait_policies_effective(admin, agent, deployed)
+
+        # Taking the foreign Lease over, even as itself: refused (RBAC alone allows updating every Lease).
+        exc = refused_by(await refusal(put_as(agent, foreign, NODE)), policy, f"not {foreign}")
+        print(f"foreign Lease refused: {exc.message}")
+        live = await admin.request("GET", LEASES.path(NAMESPACE, foreign))
+        assert live["spec"]["holderIdentity"] == "ome-controller-7f9c"
+
+        # An origin slot created as itself: accepted; released (holder cleared): accepted.
+        created.append(slots[0])
+        assert await refusal(agent.request("POST", LEASES.path(NAMESPACE), body=lease(slots[0], NODE))) is None
+        assert await refusal(put_as(agent, slots[0], "")) is None
+        # An origin slot created or taken as another node: refused.
+        exc = refused_by(
+            await refusal(agent.request("POST", LEASES.path(NAMESPACE), body=lease(slots[1], OTHER_NODE))),
+            policy,
+            f"not as {OTHER_NODE}",
+        )
+        print(f"holding as another node refused: {exc.message}")
+        await admin_create(lease(slots[2], OTHER_NODE))
+        refused_by(await refusal(put_as(agent, slots[2], OTHER_NODE)), policy, f"not as {OTHER_NODE}")
+        # Releasing a slot another node holds: refused.
+        refused_by(await refusal(put_as(agent, slots[2], "")), policy, f"held by {OTHER_NODE}")
+        assert (await admin.request("GET", LEASES.path(NAMESPACE, slots[2])))["spec"]["holderIdentity"] == OTHER_NODE
+
+        # The agent's own slot code: it takes over a slot whose holder stopped renewing, and releases it.
+        await admin_create(lease(taken_over, OTHER_NODE, renewed_s_ago=3600))
+        origin = OriginSlots(agent, NAMESPACE, NODE, 1, poll_s=0.2)
+
+        async def hold_once() -> str:
+            async with origin.hold(f"hf://vap-org/taken-over-{RUN}") as name:
+                held = await admin.request("GET", LEASES.path(NAMESPACE, name))
+                assert held["spec"]["holderIdentity"] == NODE
+                return name
+
+        assert await asyncio.wait_for(hold_once(), timeout=30) == taken_over
+        released = await admin.request("GET", LEASES.path(NAMESPACE, taken_over))
+        assert released["spec"].get("holderIdentity", "") == "", released["spec"]
+
+        # A token without the node-name claim: refused even for an origin slot as "itself".
+        unbound = await request_token(admin, deployed.service_account, None)
+        unbound_cfg = write_token_kubeconfig(kubeconfig, unbound, tmp_path / "unbound-kubeconfig")
+        async with await KubeClient.connect(unbound_cfg) as loose:
+            refused_by(
+                await refusal(loose.request("POST", LEASES.path(NAMESPACE), body=lease(slots[1], NODE))),
+                policy,
+                "node-name",
+            )
+    finally:
+        await agent.close()
+        for name in created:
+            try:
+                await admin.request("DELETE", LEASES.path(NAMESPACE, name))
+            except ApiError as exc:
+                if exc.status != 404:
+                    raise
+
+
 # ----------------------------------------------------------------------------------------- 4. the agent
 
 
@@ -512,7 +902,7 @@ async def test_agent_runs_under_the_chart_rbac_and_policy(
     (weights / "config.json").write_bytes(tiny_llama(0)["config.json"])
 
     async with await KubeClient.connect(pod_token.kubeconfig) as probe:
-        await wait_policy_effective(probe, deployed.policy)
+        await wait_policies_effective(admin, probe, deployed)
 
     agent = AgentProcess(
         kubeconfig=pod_token.kubeconfig,
@@ -537,6 +927,16 @@ async def test_agent_runs_under_the_chart_rbac_and_policy(
         except AssertionError as exc:
             raise AssertionError(f"{exc}\nagent log:\n{agent.tail()}") from None
         print(f"model {name} Ready on {NODE} under the chart's RBAC in {time.monotonic() - started:.1f}s")
+
+        # The agent's spec enrichment (a merge patch of the unset fields) passes the model guard.
+        async def enriched() -> bool:
+            spec = (await admin_kube.get_model(CBM, name))["spec"]
+            return bool(spec.get("modelType") == "llama" and spec.get("modelArchitecture") == "LlamaForCausalLM")
+
+        try:
+            await eventually(enriched, timeout=60, what=f"{CBM} {name} spec enriched by the agent")
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}\nagent log:\n{agent.tail()}") from None
 
         await admin_kube.delete_model(CBM, name)
 

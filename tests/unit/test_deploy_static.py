@@ -5,7 +5,9 @@ What must hold for the agent to work (and to stay least-privilege) whatever else
 * the DaemonSet mounts the hostPath at the same path it passes as --models-root-dir, takes NODE_NAME from
   spec.nodeName, runs hardened, and probes /livez and /readyz;
 * nothing bound cluster-wide grants Secrets, no rule uses a wildcard, the Role is namespaced;
-* the admission policy matches exactly the agent's ServiceAccount;
+* every admission policy matches exactly the agent's ServiceAccount, is bound with Deny, fails closed and
+  requires the pod-bound token's node-name claim; the ConfigMap, model and Lease guards allow exactly the
+  names, keys and spec fields the agent's own code writes (derived from that code, not restated);
 * the manifests agree with the chart's values.yaml defaults (and with ``helm template`` when helm is on
   PATH);
 * every ``model_agent_*`` series the dashboard queries is exposed by :class:`model_agent.ops.metrics.Metrics`.
@@ -17,12 +19,17 @@ import json
 import re
 import subprocess
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 import yaml
 
+from model_agent.agent.origin_slots import lease_names
+from model_agent.agent.reconciler import _metadata_record
+from model_agent.agent.resolve_cache import ResolveCache
 from model_agent.devenv.controlplane import helm_binary
+from model_agent.kube.client import ApiError, KubeClient
+from model_agent.model.metadata import parse_model_dir
 from model_agent.ops.metrics import Metrics
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
@@ -55,7 +62,7 @@ def _one(kind: str, name: str | None = None) -> Doc:
 def _container() -> Doc:
     containers = _one("DaemonSet")["spec"]["template"]["spec"]["containers"]
     assert len(containers) == 1
-    return containers[0]
+    return cast(Doc, containers[0])
 
 
 def _arg(container: Doc, flag: str) -> list[str]:
@@ -230,24 +237,158 @@ def test_model_secrets_cluster_role_is_get_only_and_unbound() -> None:
 # ---------------------------------------------------------------------------------------------- admission
 
 
-def test_admission_policy_matches_only_the_agent_on_node_updates() -> None:
-    policy = _one("ValidatingAdmissionPolicy")
-    binding = _one("ValidatingAdmissionPolicyBinding")
-    assert policy["apiVersion"] == binding["apiVersion"] == "admissionregistration.k8s.io/v1"
-    assert binding["spec"]["policyName"] == policy["metadata"]["name"]
-    assert binding["spec"]["validationActions"] == ["Deny"]
-    spec = policy["spec"]
-    assert spec["failurePolicy"] == "Fail"
+GUARDS = ("node-guard", "configmap-guard", "model-guard", "lease-guard")
+NODE_CLAIM = "authentication.kubernetes.io/node-name"
+
+
+def _policy(guard: str) -> Doc:
+    return _one("ValidatingAdmissionPolicy", f"model-agent-{guard}")
+
+
+def _variable(policy: Doc, name: str) -> str:
+    (expression,) = [v["expression"] for v in policy["spec"]["variables"] if v["name"] == name]
+    return str(expression)
+
+
+def _name_pattern(policy: Doc) -> re.Pattern[str]:
+    """The one name regex a policy tests with CEL ``matches`` (RE2; these patterns are plain enough for re)."""
+    (pattern,) = re.findall(r"matches\('([^']+)'\)", json.dumps(policy["spec"]))
+    return re.compile(pattern)
+
+
+def _cel_string_list(expression: str) -> list[str]:
+    match = re.search(r"\[([^\]]*)\]", expression)
+    assert match, expression
+    return re.findall(r"'([^']*)'", match.group(1))
+
+
+def test_every_admission_policy_is_bound_fails_closed_and_matches_only_the_agent() -> None:
+    policies = [d for d in _docs() if d["kind"] == "ValidatingAdmissionPolicy"]
+    bindings = [d for d in _docs() if d["kind"] == "ValidatingAdmissionPolicyBinding"]
+    assert sorted(p["metadata"]["name"] for p in policies) == sorted(f"model-agent-{g}" for g in GUARDS)
+    assert sorted(b["spec"]["policyName"] for b in bindings) == sorted(p["metadata"]["name"] for p in policies)
+    ns, sa = _service_account()
+    for policy in policies:
+        name = policy["metadata"]["name"]
+        (binding,) = [b for b in bindings if b["spec"]["policyName"] == name]
+        assert policy["apiVersion"] == binding["apiVersion"] == "admissionregistration.k8s.io/v1"
+        assert binding["spec"]["validationActions"] == ["Deny"], name
+        spec = policy["spec"]
+        assert spec["failurePolicy"] == "Fail", name
+        (condition,) = spec["matchConditions"]
+        assert condition["expression"].strip() == f"request.userInfo.username == 'system:serviceaccount:{ns}:{sa}'"
+        # A token minted outside a pod (no node-name claim) is refused by every guard.
+        assert NODE_CLAIM in _variable(policy, "tokenNode"), name
+        assert "variables.tokenNode != ''" in [v["expression"] for v in spec["validations"]], name
+        for validation in spec["validations"]:
+            assert validation.get("message"), (name, validation["expression"])
+            assert validation.get("reason") == "Forbidden", (name, validation["expression"])
+
+
+def test_node_guard_matches_node_updates_and_the_model_label_prefix() -> None:
+    spec = _policy("node-guard")["spec"]
     (rule,) = spec["matchConstraints"]["resourceRules"]
     assert rule["apiGroups"] == [""] and rule["operations"] == ["UPDATE"] and "nodes" in rule["resources"]
-    ns, sa = _service_account()
-    (condition,) = spec["matchConditions"]
-    assert condition["expression"].strip() == f"request.userInfo.username == 'system:serviceaccount:{ns}:{sa}'"
-    text = json.dumps(spec)
-    assert "authentication.kubernetes.io/node-name" in text
-    assert MODEL_LABEL_PREFIX in text
-    for validation in spec["validations"]:
-        assert validation.get("message"), validation["expression"]
+    assert MODEL_LABEL_PREFIX in json.dumps(spec)
+
+
+def test_configmap_guard_allows_the_node_configmap_and_exactly_what_the_resolve_cache_writes() -> None:
+    policy = _policy("configmap-guard")
+    (rule,) = policy["spec"]["matchConstraints"]["resourceRules"]
+    assert rule["apiGroups"] == [""] and rule["resources"] == ["configmaps"]
+    assert sorted(rule["operations"]) == ["CREATE", "UPDATE"]
+    text = json.dumps(policy["spec"])
+    assert f"request.namespace == '{NAMESPACE}'" in text
+    assert "variables.name == variables.tokenNode" in text
+    pattern = _name_pattern(policy)
+    for uri in ("hf://meta-llama/Llama-3.1-8B", "s3://bucket/x", ""):
+        assert pattern.fullmatch(ResolveCache.name(uri)), ResolveCache.name(uri)
+    for other in (
+        "model-agent-config-map",
+        "model-agent-resolve-",
+        "model-agent-resolve-XYZ",
+        "n2",
+        "kube-root-ca.crt",
+    ):
+        assert not pattern.fullmatch(other), other
+    assert _cel_string_list(_variable(policy, "unknownKeys")) == ["uri", "commit", "files", "at"]
+
+
+class _RecordingClient:
+    """Answers the resolve cache's create with 409 (the record exists), so put sends its patch as well."""
+
+    def __init__(self) -> None:
+        self.sent: list[tuple[str, Doc]] = []
+
+    async def request(self, method: str, path: str, *, body: Any = None, **_: Any) -> Doc:
+        self.sent.append((method, body))
+        if method == "POST":
+            raise ApiError(409, {"reason": "AlreadyExists"}, method, path)
+        return {}
+
+
+async def test_configmap_guard_keys_and_label_are_the_ones_the_resolve_cache_sends() -> None:
+    policy = _policy("configmap-guard")
+    allowed = set(_cel_string_list(_variable(policy, "unknownKeys")))
+    client = _RecordingClient()
+    await ResolveCache(cast(KubeClient, client), NAMESPACE).put("hf://org/m", "a" * 40, [{"path": "x", "size": 1}])
+    (post, created), (patch, patched) = client.sent
+    assert (post, patch) == ("POST", "PATCH")
+    assert set(created["data"]) <= allowed and set(patched["data"]) <= allowed
+    assert set(patched) == {"data"}, "the update may carry only data: labels are checked as they stand"
+    labels = created["metadata"]["labels"]
+    assert labels == {"app.kubernetes.io/managed-by": "model-agent"}
+    assert "== {'app.kubernetes.io/managed-by': 'model-agent'}" in json.dumps(policy["spec"])
+
+
+def test_model_guard_allows_only_the_fields_the_agent_enriches(tmp_path: Path) -> None:
+    policy = _policy("model-guard")
+    (rule,) = policy["spec"]["matchConstraints"]["resourceRules"]
+    assert rule["apiGroups"] == ["ome.io"] and rule["operations"] == ["UPDATE"]
+    assert sorted(rule["resources"]) == ["basemodels", "basemodels/*", "clusterbasemodels", "clusterbasemodels/*"]
+    # What _enrich_spec may patch: the spec keys of a manifest's metadata record, for both model layouts.
+    transformers = tmp_path / "llm"
+    transformers.mkdir()
+    (transformers / "config.json").write_text(
+        json.dumps({"architectures": ["LlamaForCausalLM"], "model_type": "llama"})
+    )
+    diffusers = tmp_path / "sd"
+    diffusers.mkdir()
+    (diffusers / "model_index.json").write_text(
+        json.dumps(
+            {
+                "_class_name": "StableDiffusionPipeline",
+                "_diffusers_version": "0.30.0",
+                "vae": ["diffusers", "AutoencoderKL"],
+            }
+        )
+    )
+    enriched = set()
+    for model in (transformers, diffusers):
+        enriched |= set(_metadata_record(parse_model_dir(model))["spec"])
+    assert sorted(_cel_string_list(_variable(policy, "enrichable"))) == sorted(enriched)
+    assert "storage" not in enriched
+    # "Unset" is decided with size() for strings, lists and maps (the agent's _is_set: None, "", [], {}).
+    overwritten = _variable(policy, "overwritten")
+    assert "size(variables.oldSpec[k]) == 0" in overwritten and "== null" in overwritten
+    text = json.dumps(policy["spec"])
+    for field in ("labels", "annotations", "finalizers", "ownerReferences"):
+        assert f"object.metadata.{field}" in text, field
+
+
+def test_lease_guard_allows_exactly_the_origin_slot_names() -> None:
+    policy = _policy("lease-guard")
+    (rule,) = policy["spec"]["matchConstraints"]["resourceRules"]
+    assert rule["apiGroups"] == ["coordination.k8s.io"] and rule["resources"] == ["leases"]
+    assert sorted(rule["operations"]) == ["CREATE", "UPDATE"]
+    assert f"request.namespace == '{NAMESPACE}'" in json.dumps(policy["spec"])
+    pattern = _name_pattern(policy)
+    for source in ("hf://meta-llama/Llama-3.1-8B", "resolve:hf://org/m", "s3://b/k"):
+        for name in lease_names(source, 12):
+            assert pattern.fullmatch(name), name
+    for other in ("ome-controller-leader", "origin-", "origin-abc-0", "origin-" + "0" * 20 + "-x", "kube-scheduler"):
+        assert not pattern.fullmatch(other), other
+    assert "variables.holder == variables.tokenNode" in json.dumps(policy["spec"])
 
 
 # ------------------------------------------------------------------------------------------ chart defaults
