@@ -444,11 +444,14 @@ RBAC_TABLE: list[tuple[str, str, str, str, str, str, bool]] = [
     ("create", "", "events", "", "team-x", "", True),
     ("delete", "", "events", "", "default", "e", False),
     ("create", "events.k8s.io", "events", "", "default", "", False),
-    # leases: own namespace only
+    # leases: own namespace only, get/create/update (names, holders: the lease guard)
     ("get", "coordination.k8s.io", "leases", "", NAMESPACE, "l", True),
     ("create", "coordination.k8s.io", "leases", "", NAMESPACE, "", True),
     ("update", "coordination.k8s.io", "leases", "", NAMESPACE, "l", True),
     ("delete", "coordination.k8s.io", "leases", "", NAMESPACE, "l", False),
+    ("patch", "coordination.k8s.io", "leases", "", NAMESPACE, "l", False),
+    ("list", "coordination.k8s.io", "leases", "", NAMESPACE, "", False),
+    ("watch", "coordination.k8s.io", "leases", "", NAMESPACE, "", False),
     ("get", "coordination.k8s.io", "leases", "", "kube-system", "l", False),
     ("create", "coordination.k8s.io", "leases", "", "kube-system", "", False),
     ("update", "coordination.k8s.io", "leases", "", "kube-system", "l", False),
