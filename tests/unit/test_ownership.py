@@ -98,7 +98,9 @@ def test_an_older_overlapping_claim_of_another_owner_blocks(
     assert conflict is not None
     assert conflict.holder is victim and conflict.relation == relation
     assert "one owner per directory tree" in conflict.message
-    assert "BaseModel/team-a/victim" in conflict.message and relation.value in conflict.message
+    assert "the directory that BaseModel/team-a/victim writes" in conflict.message
+    assert f"{mine_path!r} {relation.value}" in conflict.message
+    assert (f"{their_path!r}, the directory" in conflict.message) is (relation != Relation.SAME)
 
 
 @pytest.mark.parametrize(
@@ -132,6 +134,38 @@ def test_a_tie_in_creation_time_is_broken_by_key() -> None:
     assert find_conflict(a, index) is None
     blocked = find_conflict(b, index)
     assert blocked is not None and blocked.holder is a
+
+
+def test_the_model_holding_the_directory_keeps_it() -> None:
+    """Created in the same second with a smaller name, or even older: the holder of published weights wins."""
+    holder = claim("BaseModel/team-a/victim", "/m/llama", age=5)
+    same_second = claim("BaseModel/team-a/aaa", "/m/llama", owner=EVIL_ENDPOINT, age=5)
+    older = claim("BaseModel/team-evil/old", "/m/llama/sub", owner=EVIL, age=1)
+    index = ClaimIndex([holder, same_second, older])
+
+    def holds(c: Claim) -> bool:
+        return c.key == holder.key
+
+    assert find_conflict(holder, index, holds=holds) is None
+    for newcomer in (same_second, older):
+        conflict = find_conflict(newcomer, index, holds=holds)
+        assert conflict is not None and conflict.holder is holder
+    # Without a holder, age decides and a tie goes by key ("aaa" < "victim").
+    assert (c := find_conflict(holder, index)) is not None and c.holder is older
+    assert (c := find_conflict(same_second, index)) is not None and c.holder is older
+
+
+def test_holds_is_asked_only_about_overlapping_claims() -> None:
+    asked: list[str] = []
+
+    def holds(c: Claim) -> bool:
+        asked.append(c.key)
+        return False
+
+    mine = claim("BaseModel/t/mine", "/m/a", owner=EVIL, age=9)
+    index = ClaimIndex([claim(f"BaseModel/x/m{i}", f"/m/other{i}", age=1) for i in range(100)])
+    assert find_conflict(mine, index, holds=holds) is None
+    assert asked == []
 
 
 def test_the_oldest_of_several_blockers_is_named() -> None:

@@ -3,16 +3,18 @@
 Role: the decisions, as data. The reconciler states facts — each model's :class:`Claim` (its owner, the
 directory it writes or reads, how old it is) — and this module answers:
 
-* :func:`find_conflict`: does an older claim of another owner overlap mine (the same directory, a parent
-  or a child of it)? Then mine is refused (``PathConflict``) and the older model keeps the directory.
+* :func:`find_conflict`: does an earlier claim of another owner overlap mine (the same directory, a parent
+  or a child of it)? Then mine is refused (``PathConflict``) and the earlier model keeps the directory.
 * :func:`may_restore`: may a trashed copy be restored to this model? Only to its owner.
 
 Owner identity is the namespace, the storage URI, the Secret name (``spec.storage.key``) and the
 parameters: two objects are the same owner only if all four match (a tenant naming the same URI and path
 with its own ``endpoint`` is another owner). Rules, for two overlapping claims of different models:
 
-* an older claim blocks a newer one (by ``creationTimestamp``, then key), whatever each does with the
-  directory: writing into a tree another model reads or writes, or reading another model's tree, is refused;
+* the first claim blocks the later one, whatever each does with the directory (writing into a tree another
+  model reads or writes, or reading another model's tree, is refused); first is the model that already
+  holds the directory on this node (its manifest records it), then the older (``creationTimestamp``,
+  then key);
 * the same owner may share one directory (the same path exactly); a parent or child never is shared, since
   removing the outer one would move the inner one into the trash;
 * two read-only (``local://``) claims of ClusterBaseModels may overlap: nothing is written, both are an
@@ -56,7 +58,7 @@ class Mode(StrEnum):
 class Relation(StrEnum):
     """How my path relates to the other claim's path."""
 
-    SAME = "is the same directory as"
+    SAME = "is"
     INSIDE = "is inside"
     CONTAINS = "contains"
 
@@ -98,7 +100,7 @@ class Claim:
 
 @dataclass(frozen=True)
 class Conflict:
-    """Why ``mine`` may not have its directory: ``holder`` is older and overlaps it."""
+    """Why ``mine`` may not have its directory: ``holder`` came first and overlaps it."""
 
     mine: Claim
     holder: Claim
@@ -108,9 +110,10 @@ class Conflict:
 
     @property
     def message(self) -> str:
+        where = "" if self.relation == Relation.SAME else f" {self.their_path!r},"
         return (
-            f"{self.my_path!r} {self.relation.value} {self.their_path!r}, which {self.holder.key} "
-            f"{self.holder.mode.value} (an older model of another owner): {RULE}"
+            f"{self.my_path!r} {self.relation.value}{where} the directory that {self.holder.key} "
+            f"{self.holder.mode.value} (another owner's model, which came first): {RULE}"
         )
 
 
@@ -164,29 +167,50 @@ class ClaimIndex:
             i += 1
 
 
-def blocks(mine: Claim, other: Claim, relation: Relation) -> bool:
-    """Whether ``other``, overlapping ``mine`` as ``relation`` says, keeps ``mine`` out (rules above)."""
-    if other.key == mine.key or other.rank > mine.rank:
-        return False
+def may_share(mine: Claim, other: Claim, relation: Relation) -> bool:
+    """Whether two overlapping claims of different models may both stand, whichever came first."""
     if relation == Relation.SAME and other.owner == mine.owner:
-        return False
-    return not (mine.mode == other.mode == Mode.READ and mine.owner.trusted and other.owner.trusted)
+        return True
+    return mine.mode == other.mode == Mode.READ and mine.owner.trusted and other.owner.trusted
 
 
 def find_conflict(
-    mine: Claim, index: ClaimIndex, *, live_here: Callable[[Claim], bool] = lambda _c: True
+    mine: Claim,
+    index: ClaimIndex,
+    *,
+    live_here: Callable[[Claim], bool] = lambda _c: True,
+    holds: Callable[[Claim], bool] = lambda _c: False,
 ) -> Conflict | None:
-    """The oldest claim that keeps ``mine`` out, or None.
+    """The first claim that keeps ``mine`` out, or None.
 
-    ``live_here`` is asked only about claims that would block (so it may be slower, e.g. parse the object
-    and test its node selection): a model that does not use this node holds nothing here.
+    Which claim comes first: the one that already holds the directory on this node (``holds``: its
+    manifest records it), then the older (creationTimestamp, then key). Holding goes first because a
+    directory with published weights must not change hands: the newcomer would publish around the
+    holder's files, and removing the holder later would move the newcomer's weights into the trash; and
+    creationTimestamp has one-second steps, so "older" alone would let a model created in the same second
+    with a smaller name take a Ready model's directory.
+
+    ``live_here`` and ``holds`` are asked only about claims that overlap (so they may be slower, e.g. parse
+    the object, test its node selection or read its manifest): a model that does not use this node holds
+    nothing here.
     """
+    held: dict[str, bool] = {}
+
+    def order(claim: Claim) -> tuple[bool, tuple[str, str]]:
+        if claim.key not in held:
+            held[claim.key] = holds(claim)
+        return (not held[claim.key], claim.rank)
+
     found: Conflict | None = None
     for my_path in mine.paths:
         for relation, their_path, other in index.overlapping(my_path):
-            if found is not None and other.rank >= found.holder.rank:
+            if other.key == mine.key or may_share(mine, other, relation):
                 continue
-            if blocks(mine, other, relation) and live_here(other):
+            if order(other) > order(mine):
+                continue
+            if found is not None and order(other) >= order(found.holder):
+                continue
+            if live_here(other):
                 found = Conflict(mine, other, relation, my_path, their_path)
     return found
 

@@ -35,6 +35,7 @@ from model_agent.agent.credentials import model_owner, read_storage_secret, reso
 from model_agent.agent.fetcher import Fetcher, Job
 from model_agent.agent.node_configmap import NodeConfigMap
 from model_agent.agent.node_labels import NodeLabels
+from model_agent.agent.ownership import Claim, ClaimCache, Mode, find_conflict, normalise, owner_of_model
 from model_agent.agent.removal import Candidate, Remover
 from model_agent.agent.requeue import Requeue
 from model_agent.kube.client import ApiError, ApiUnavailable, KubeClient
@@ -166,53 +167,60 @@ class Reconciler:
             # resolved path is the identity, as for every other target: a record and a spec that spell one
             # directory differently are the same target, and a re-pointed symlink is a new one.
             try:
-                path = Path(os.path.realpath(self.ctx.layout.check_local(raw_path)))
+                path = Path(os.path.realpath(self.ctx.layout.check_local(raw_path, tenant=bool(obj.ref.namespace))))
             except PathRefused as exc:
                 raise Invalid("InvalidPath", str(exc)) from None
+            conflict = self._older_claim(obj, uri, raw_path, path)
+            if conflict is not None:
+                raise Invalid("PathConflict", f"local path {conflict}")
             return Target(uri, path, self.ctx.layout.primary, stype)
         try:
             root, dest = self.ctx.layout.confine(raw_path)
         except PathRefused as exc:
             raise Invalid("PathRefused", str(exc)) from None
         if stype in OWNED_TYPES:
-            holder = self._older_claim(obj, uri, raw_path, dest)
-            if holder is not None:
-                raise Invalid(
-                    "PathConflict",
-                    f"spec.storage.path {raw_path!r} is already the destination of {holder} with another "
-                    "source; two sources cannot share one directory",
-                )
+            conflict = self._older_claim(obj, uri, raw_path, dest)
+            if conflict is not None:
+                raise Invalid("PathConflict", f"spec.storage.path {conflict}")
         return Target(uri, dest, root, stype)
 
     def _older_claim(self, obj: ModelObject, uri: str, raw_path: str, dest: Path) -> str | None:
-        """The key of an older live model on this node that writes another source into the same directory.
+        """Why a live model of another owner that came first keeps this one out of ``dest``, or None.
 
-        Two sources published into one directory overwrite each other's files forever; the older model (by
-        creationTimestamp, then key) keeps the directory and the newer one fails. Paths are compared as
-        written and normalised (no file system access, so this stays cheap with thousands of models).
+        One owner per directory tree (:mod:`model_agent.agent.ownership`): the same directory, a parent or a
+        child of another model's (written or read) is refused; the model that already holds it here keeps
+        it, else the older (creationTimestamp, then key). The other models' claims are derived once per
+        object version and indexed, so this stays cheap with thousands of models; manifests are read only
+        for claims that overlap.
         """
-        mine = {os.path.normpath(raw_path), str(dest)}
+        cache: ClaimCache | None = self.__dict__.get("_claim_cache")
+        if cache is None:  # made on first use: the claims and their index are agent/ownership.py's
+            cache = self.__dict__["_claim_cache"] = ClaimCache(self.ctx.layout)
         own = self.cached_object(obj.ref) or {}
-        rank = (str((own.get("metadata") or {}).get("creationTimestamp") or ""), obj.ref.key)
-        for kind, store in self.ctx.models_store.items():
-            for other in store.values():
-                storage = (other.get("spec") or {}).get("storage") or {}
-                path, other_uri = storage.get("path"), storage.get("storageUri")
-                if not isinstance(path, str) or other_uri == uri or os.path.normpath(path) not in mine:
-                    continue
-                meta = other.get("metadata") or {}
-                key = f"{kind}/{meta.get('namespace') or ''}/{meta.get('name')}"
-                if key == obj.ref.key or meta.get("deletionTimestamp"):
-                    continue
-                if (str(meta.get("creationTimestamp") or ""), key) > rank:
-                    continue
-                try:
-                    other_obj = ModelObject.from_dict(kind, other)
-                except InvalidModel:
-                    continue
-                if node_selected(other_obj.spec.storage, self.node_labels(), self.ctx.node_name):
-                    return key
-        return None
+        written = normalise(raw_path) or str(dest)
+        local = storage_type(uri) == StorageType.LOCAL
+        mine = Claim(
+            obj.ref.key,
+            owner_of_model(obj),
+            tuple(dict.fromkeys((written, str(dest)))),
+            Mode.READ if local else Mode.WRITE,
+            str((own.get("metadata") or {}).get("creationTimestamp") or ""),
+        )
+
+        def live_here(claim: Claim) -> bool:
+            try:
+                ref = ModelRef.from_key(claim.key)
+                other = ModelObject.from_dict(ref.kind, self.cached_object(ref))
+            except (ValueError, InvalidModel):
+                return False
+            return node_selected(other.spec.storage, self.node_labels(), self.ctx.node_name)
+
+        def holds(claim: Claim) -> bool:  # its manifest records this directory: it has published here
+            manifest = self.ctx.manifests.load(claim.key)
+            return manifest is not None and normalise(manifest.dest) in claim.paths
+
+        conflict = find_conflict(mine, cache.index(self.ctx.models_store), live_here=live_here, holds=holds)
+        return conflict.message if conflict is not None else None
 
     # ------------------------------------------------------------------------------------- the loop body
 
@@ -472,6 +480,10 @@ class Reconciler:
                 # The spec moved on while this copy was fetched (A -> B -> A): neither retire the copy the spec
                 # wants again nor publish over it. The staging left behind is cleaned by the next reconcile.
                 raise SourceError("Obsolete", "the spec no longer wants this source and path; not switching to it")
+            try:  # ownership again at publish: an older model may have claimed an overlapping directory since
+                self.target_of(obj)
+            except Invalid as exc:
+                raise SourceError(exc.reason, exc.message) from None
             if superseded is not None:
                 try:
                     await ctx.remover.replace_superseded(ref, superseded, target.id, from_fetch=True)
@@ -494,6 +506,7 @@ class Reconciler:
             owned=True,
             files=files,
             metadata=metadata,
+            owner=owner_of_model(obj).fingerprint,
         )
         manifest.verified_at = time.time()
         await asyncio.to_thread(ctx.manifests.save, manifest, target.root)
