@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from model_agent.agent.fetcher import Fetcher
 from model_agent.agent.ownership import (
     Claim,
     ClaimCache,
@@ -20,7 +22,14 @@ from model_agent.agent.ownership import (
     may_restore,
     normalise,
 )
-from model_agent.local.layout import PathRefused
+from model_agent.agent.reconciler import Context, Reconciler
+from model_agent.local.layout import Layout, PathRefused
+from model_agent.local.manifest import FileRecord, ManifestStore
+from model_agent.local.trash import Trash
+from model_agent.model.resources import ModelObject
+from model_agent.model.uris import StorageType
+from model_agent.ops.metrics import Metrics
+from model_agent.sources.base import FetchRequest, FetchResult
 
 URI = "hf://acme/llama"
 VICTIM = Owner("team-a", URI)
@@ -367,3 +376,104 @@ def test_the_fingerprint_covers_every_part_of_the_identity() -> None:
     assert (
         Owner("a", URI, "s", {"x": "1", "y": "2"}).fingerprint == Owner("a", URI, "s", {"y": "2", "x": "1"}).fingerprint
     )
+
+
+# -------------------------------------------------------------------------- the re-check at publish
+
+
+class _Recorder:
+    """Node labels and the ConfigMap alike, in memory."""
+
+    def __init__(self) -> None:
+        self.values: dict[str, str] = {}
+
+    def labels(self) -> dict[str, str]:
+        return dict(self.values)
+
+    def model_labels(self) -> dict[str, str]:
+        return dict(self.values)
+
+    def data(self) -> dict[str, str]:
+        return dict(self.values)
+
+    async def ensure(self, key: str, value: str | None) -> bool:
+        if value is None:
+            return self.values.pop(key, None) is not None
+        self.values[key] = value
+        return True
+
+
+class _Events:
+    def emit(self, ref: object, type_: str, reason: str, message: str) -> None:
+        pass
+
+
+class _GatedSource:
+    """Stages one file, but only once the test lets the download finish."""
+
+    def __init__(self) -> None:
+        self.started = asyncio.Event()
+        self.finish = asyncio.Event()
+
+    async def fetch(self, request: FetchRequest) -> FetchResult:
+        self.started.set()
+        await asyncio.wait_for(self.finish.wait(), 5.0)
+        request.staging.mkdir(parents=True, exist_ok=True)
+        (request.staging / "w.safetensors").write_bytes(b"weights")
+        return FetchResult(revision="r1", files=[FileRecord("w.safetensors", 7)], staged=["w.safetensors"])
+
+
+async def test_ownership_is_checked_again_right_before_publish(tmp_path: Path) -> None:
+    """A directory claimed by a model that comes first while the download runs: the fetch publishes nothing."""
+    layout = Layout(tmp_path / "root")
+    layout.ensure()
+    dest = layout.primary.path / "team" / "llama"
+    source = _GatedSource()
+    fetcher = Fetcher(workers=1, on_done=lambda _key: None)
+    tenant = raw_model("BaseModel", "tenant", "s3://bucket/llama", str(dest), "team-evil")
+    tenant["metadata"]["creationTimestamp"] = "2026-06-01T00:00:00Z"
+    stores: dict[str, dict[str, Any]] = {"BaseModel": {"team-evil/tenant": tenant}, "ClusterBaseModel": {}}
+    ctx = Context(
+        client=None,  # type: ignore[arg-type]
+        node_name="n1",
+        namespace="ome",
+        layout=layout,
+        manifests=ManifestStore(layout),
+        trash=Trash(layout),
+        labels=_Recorder(),  # type: ignore[arg-type]
+        configmap=_Recorder(),  # type: ignore[arg-type]
+        fetcher=fetcher,
+        events=_Events(),  # type: ignore[arg-type]
+        metrics=Metrics(),
+        remover=None,  # type: ignore[arg-type]
+        hf=None,  # type: ignore[arg-type]
+        models_store=stores,
+        requeue_after=lambda _key, _delay: None,
+        sources={StorageType.S3: source},
+    )
+    reconciler = Reconciler(ctx)
+    obj = ModelObject.from_dict("BaseModel", tenant)
+    target = reconciler.target_of(obj)  # nobody else here yet: accepted
+    try:
+        submitted = await fetcher.submit(
+            obj.ref.key, target.id, lambda job: reconciler._fetch(job, obj.ref, obj, target, None)
+        )
+        assert submitted
+        await asyncio.wait_for(source.started.wait(), 5.0)
+        # Meanwhile an older model (another owner) is pointed at the parent directory.
+        admin = raw_model("ClusterBaseModel", "admin", "hf://acme/llama", str(dest.parent))
+        stores["ClusterBaseModel"]["admin"] = admin
+        source.finish.set()
+
+        async def ended() -> None:
+            while fetcher.job(obj.ref.key) is not None:
+                await asyncio.sleep(0.01)
+
+        await asyncio.wait_for(ended(), 5.0)
+    finally:
+        await asyncio.wait_for(fetcher.stop(), 5.0)
+    failure = fetcher.failure(obj.ref.key, target.id)
+    assert failure is not None and failure.reason == "PathConflict", failure
+    assert "ClusterBaseModel//admin" in failure.message and "one owner per directory tree" in failure.message
+    assert not dest.exists()  # nothing published into the admin's tree
+    assert ctx.manifests.load(obj.ref.key) is None

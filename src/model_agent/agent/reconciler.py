@@ -476,14 +476,14 @@ class Reconciler:
                         if "md5" in exc.message.lower():
                             ctx.metrics.md5_failed.labels(*labels).inc()
                     raise
+            try:  # ownership again before publish: a model that comes first may have claimed the directory since
+                self.target_of(obj)
+            except Invalid as exc:
+                raise SourceError(exc.reason, exc.message) from None
             if not self._still_wanted(ref, target):
                 # The spec moved on while this copy was fetched (A -> B -> A): neither retire the copy the spec
                 # wants again nor publish over it. The staging left behind is cleaned by the next reconcile.
                 raise SourceError("Obsolete", "the spec no longer wants this source and path; not switching to it")
-            try:  # ownership again at publish: an older model may have claimed an overlapping directory since
-                self.target_of(obj)
-            except Invalid as exc:
-                raise SourceError(exc.reason, exc.message) from None
             if superseded is not None:
                 try:
                     await ctx.remover.replace_superseded(ref, superseded, target.id, from_fetch=True)
