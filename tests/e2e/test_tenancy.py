@@ -1,0 +1,495 @@
+"""Tenants are untrusted (issue 16, item 1): a namespaced BaseModel never gets the node's identity.
+
+Against the real control plane, the agent as a subprocess with ambient credentials of every kind in its
+environment: AWS keys with a session token (and the instance metadata endpoint pointed at a recorder), a
+GCP service account key file (``GOOGLE_APPLICATION_CREDENTIALS``, generated here), an Azure account key and
+service principal (the authority host pointed at a recorder), an OCI config file, and a platform
+``HF_TOKEN``. The servers on the other side are this test's own recorders on 127.0.0.1, which keep every
+request they get:
+
+* ``attacker`` — what a tenant names as its endpoint. A BaseModel of ``team-evil`` pointing ``s3://``,
+  ``gs://``, ``az://`` and ``oci://`` at it is ``Failed`` with a reason naming the rule, and the attacker
+  gets no request at all;
+* ``sink`` — a server the admin allow-lists (and exempts from the address rules). ClusterBaseModels and
+  BaseModels of a trusted namespace pointed at it arrive signed with the node's identity (the SigV4 key id and
+  session token, the service account's JWT, the SharedKey, the platform HF token): the rules, not a broken
+  signer, are what keep those from tenants; ``team-evil``'s models pointed at the same server arrive with no
+  credential of any kind, and the 403 body it answers never reaches their reasons, Events or log lines;
+* ``public`` — an allow-listed recording proxy in front of moto: a ``team-evil`` model with no Secret is
+  fetched anonymously (unsigned listing, HEAD and ranged GETs through the checked connections) and is Ready.
+
+The agent never exits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import functools
+import http.client
+import json
+import threading
+import urllib.parse
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import pytest
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import rsa
+
+from model_agent.devenv.moto import MotoServer, create_bucket, upload_objects
+from model_agent.kube.resources import EVENTS
+from model_agent.model.keys import configmap_key, node_label_key
+from tests.support.agent import AgentProcess
+from tests.support.kube import Kube, bm, cbm
+from tests.support.models import tiny_llama
+from tests.support.waiting import eventually
+
+pytestmark = pytest.mark.e2e
+
+CBM = "ClusterBaseModel"
+BM = "BaseModel"
+EVIL = "team-evil"
+TRUSTED = "team-trusted"
+NODE_KEY_ID = "AKIANODEIDENTITY0001"
+NODE_SESSION_TOKEN = "node-session-token-FwoGZXIvYXdzEJr"
+NODE_GCP_EMAIL = "node-identity@platform.iam.gserviceaccount.com"
+PLATFORM_HF_TOKEN = "hf_platformTokenNeverForTenants0001"
+BODY_MARKER = "INTERNAL-ONLY-BODY-7f3a"
+
+
+@dataclass
+class Seen:
+    method: str
+    path: str
+    headers: dict[str, str]
+
+    def credentials(self) -> list[str]:
+        """Every sign of a credential in this request: auth headers, session tokens, signed query strings."""
+        found = [f"{k}: {v[:60]}" for k, v in self.headers.items() if k.lower() in _CREDENTIAL_HEADERS]
+        found += [marker for marker in _SIGNED_QUERY if marker in self.path]
+        return found
+
+
+_CREDENTIAL_HEADERS = ("authorization", "x-amz-security-token", "x-ms-authorization", "proxy-authorization")
+_SIGNED_QUERY = ("X-Amz-Credential", "X-Amz-Signature", "Signature=", "sig=", "X-Goog-Signature", NODE_KEY_ID)
+
+
+@dataclass
+class Recorder:
+    """An HTTP server on 127.0.0.1 that records every request; answers 403 with a body, or forwards upstream."""
+
+    upstream: tuple[str, int] | None = None
+    seen: list[Seen] = field(default_factory=list)
+    server: ThreadingHTTPServer | None = None
+
+    @property
+    def endpoint(self) -> str:
+        assert self.server is not None
+        return f"http://127.0.0.1:{self.server.server_address[1]}"
+
+    def matching(self, needle: str) -> list[Seen]:
+        return [s for s in list(self.seen) if needle in s.path]
+
+    def start(self) -> None:
+        recorder = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def _handle(self) -> None:
+                length = int(self.headers.get("Content-Length") or 0)
+                body = self.rfile.read(length) if length else b""
+                path = urllib.parse.unquote(self.path)  # obstore's GCS client escapes even "-" in bucket names
+                recorder.seen.append(Seen(self.command, path, {k: v for k, v in self.headers.items()}))
+                if recorder.upstream is None:
+                    payload = f"<Error><Code>AccessDenied</Code><Message>{BODY_MARKER}</Message></Error>".encode()
+                    self.send_response(403)
+                    self.send_header("Content-Type", "application/xml")
+                    self.send_header("Content-Length", str(len(payload)))
+                    self.end_headers()
+                    if self.command != "HEAD":
+                        self.wfile.write(payload)
+                    return
+                conn = http.client.HTTPConnection(*recorder.upstream, timeout=30)
+                try:
+                    headers = {k: v for k, v in self.headers.items() if k.lower() != "host"}
+                    headers["Host"] = f"{recorder.upstream[0]}:{recorder.upstream[1]}"
+                    conn.request(self.command, self.path, body=body or None, headers=headers)
+                    resp = conn.getresponse()
+                    data = resp.read()
+                    self.send_response(resp.status)
+                    for k, v in resp.getheaders():
+                        if k.lower() not in ("transfer-encoding", "connection", "content-length"):
+                            self.send_header(k, v)
+                    # A HEAD's length is the object's (it has no body here to count).
+                    length = resp.getheader("Content-Length") if self.command == "HEAD" else None
+                    self.send_header("Content-Length", length or str(len(data)))
+                    self.end_headers()
+                    if self.command != "HEAD":
+                        self.wfile.write(data)
+                finally:
+                    conn.close()
+
+            do_GET = do_HEAD = do_PUT = do_POST = do_DELETE = _handle
+
+            def log_message(self, *_: Any) -> None:
+                return None
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def stop(self) -> None:
+        if self.server is not None:
+            self.server.shutdown()
+            self.server.server_close()
+
+
+@pytest.fixture
+def attacker() -> Iterator[Recorder]:
+    rec = Recorder()
+    rec.start()
+    yield rec
+    rec.stop()
+
+
+@pytest.fixture
+def sink() -> Iterator[Recorder]:
+    rec = Recorder()
+    rec.start()
+    yield rec
+    rec.stop()
+
+
+AgentFactory = Callable[..., Awaitable[AgentProcess]]
+
+
+@pytest.fixture
+async def make_agent(kubeconfig: Path, kube: Kube, tmp_path: Path, unique: str) -> AsyncIterator[AgentFactory]:
+    """``await make_agent(args=..., env=...)``: a Node and an agent for it (no Hub mirror: HF_ENDPOINT is given)."""
+    agents: list[AgentProcess] = []
+
+    async def factory(*, args: tuple[str, ...] = (), env: dict[str, str] | None = None) -> AgentProcess:
+        name = f"node-{unique}-{len(agents)}"
+        await kube.create_node(name)
+        agent = AgentProcess(
+            kubeconfig=kubeconfig,
+            node=name,
+            models_root=tmp_path / f"models-{name}",
+            log_path=tmp_path / f"agent-{name}.log",
+            args=("--resync-interval", "30", *args),
+            env=env,
+        )
+        agents.append(agent)
+        agent.start()
+        await asyncio.to_thread(agent.wait_ready)
+        return agent
+
+    try:
+        yield factory
+    finally:
+        for agent in agents:
+            if agent.alive():
+                agent.stop()
+
+
+@pytest.fixture(scope="module")
+def moto(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MotoServer]:
+    with MotoServer(tmp_path_factory.mktemp("moto-tenancy")) as server:
+        yield server
+
+
+def service_account_key(email: str, token_uri: str) -> str:
+    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    pem = key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    ).decode()
+    return json.dumps(
+        {
+            "type": "service_account",
+            "project_id": "platform",
+            "private_key_id": "node-key-1",
+            "private_key": pem,
+            "client_email": email,
+            "token_uri": token_uri,
+        }
+    )
+
+
+def ambient_identity(tmp_path: Path, recorder: Recorder) -> dict[str, str]:
+    """Every kind of node identity the SDKs find in the environment; metadata/authority hosts at ``recorder``."""
+    gcp_key = tmp_path / "node-gcp-key.json"
+    gcp_key.write_text(service_account_key(NODE_GCP_EMAIL, f"{recorder.endpoint}/token"))
+    oci_dir = tmp_path / "oci"
+    oci_dir.mkdir()
+    oci_key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    (oci_dir / "key.pem").write_bytes(
+        oci_key.private_bytes(
+            serialization.Encoding.PEM, serialization.PrivateFormat.TraditionalOpenSSL, serialization.NoEncryption()
+        )
+    )
+    (oci_dir / "config").write_text(
+        "[DEFAULT]\nuser=ocid1.user.oc1..node\nfingerprint=00:11:22:33:44:55:66:77:88:99:aa:bb:cc:dd:ee:ff\n"
+        f"tenancy=ocid1.tenancy.oc1..node\nregion=us-ashburn-1\nkey_file={oci_dir / 'key.pem'}\n"
+    )
+    return {
+        "AWS_ACCESS_KEY_ID": NODE_KEY_ID,
+        "AWS_SECRET_ACCESS_KEY": "nodeSecretAccessKey0000000000000000000000",
+        "AWS_SESSION_TOKEN": NODE_SESSION_TOKEN,
+        "AWS_REGION": "us-east-1",
+        "AWS_EC2_METADATA_SERVICE_ENDPOINT": f"{recorder.endpoint}/",
+        "GOOGLE_APPLICATION_CREDENTIALS": str(gcp_key),
+        "AZURE_STORAGE_ACCOUNT_KEY": base64.b64encode(b"node-azure-account-key-32-bytes!").decode(),
+        "AZURE_CLIENT_ID": "node-client-id",
+        "AZURE_CLIENT_SECRET": "node-client-secret-value",
+        "AZURE_TENANT_ID": "node-tenant-id",
+        "AZURE_AUTHORITY_HOST": recorder.endpoint,
+        "OCI_CONFIG_PATH": str(oci_dir / "config"),
+        "HF_TOKEN": PLATFORM_HF_TOKEN,
+    }
+
+
+def object_models(u: str, endpoint: str, namespace: str | None, root: Path, tag: str) -> dict[str, dict[str, Any]]:
+    """One model per object store, all pointed at ``endpoint``; each bucket is named as its model (seen in paths)."""
+    uris = {
+        "s3": (f"s3://{tag}-s3-{u}/llama", {"endpoint": endpoint, "region": "us-east-1"}),
+        "gs": (f"gs://{tag}-gs-{u}/llama", {"endpoint": endpoint}),
+        "az": (f"az://acct/{tag}-az-{u}/llama", {"endpoint": f"{endpoint}/acct"}),
+    }
+    out: dict[str, dict[str, Any]] = {}
+    for store, (uri, params) in uris.items():
+        name = f"{tag}-{store}-{u}"
+        dest = str(root / (namespace or "cluster") / name)
+        out[name] = (
+            bm(namespace, name, uri, dest, parameters=params) if namespace else cbm(name, uri, dest, parameters=params)
+        )
+    return out
+
+
+def kind_ns(manifest: dict[str, Any]) -> tuple[str, str]:
+    return manifest["kind"], manifest["metadata"].get("namespace", "")
+
+
+async def entry_of(kube: Kube, agent: AgentProcess, manifest: dict[str, Any]) -> dict[str, Any]:
+    kind, ns = kind_ns(manifest)
+    return await kube.entry(agent.node, configmap_key(kind, ns, manifest["metadata"]["name"])) or {}
+
+
+async def wait_failed(kube: Kube, agent: AgentProcess, manifest: dict[str, Any], reason: str | None) -> dict[str, Any]:
+    kind, ns = kind_ns(manifest)
+    name = manifest["metadata"]["name"]
+
+    async def failed() -> dict[str, Any] | None:
+        assert agent.alive(), f"the agent exited; log:\n{agent.tail()}"
+        labels = await kube.node_labels(agent.node)
+        entry = await entry_of(kube, agent, manifest)
+        if labels.get(node_label_key(kind, ns, name)) == "Failed" and entry.get("status") == "Failed":
+            return entry
+        return None
+
+    entry = await eventually(failed, timeout=60, what=f"{name} Failed")
+    assert entry is not None
+    if reason is not None:
+        assert str(entry.get("reason", "")).startswith(f"{reason}:"), entry
+    return entry
+
+
+async def warning_reasons(kube: Kube, namespace: str, name: str) -> set[str]:
+    items = (await kube.c.request("GET", EVENTS.path(namespace)))["items"]
+    return {
+        str(e.get("reason"))
+        for e in items
+        if e.get("type") == "Warning" and (e.get("involvedObject") or {}).get("name") == name
+    }
+
+
+async def test_tenant_endpoints_get_no_request_and_the_model_fails_naming_the_rule(
+    kube: Kube, make_agent: AgentFactory, attacker: Recorder, sink: Recorder, tmp_path: Path, unique: str
+) -> None:
+    u = unique
+    await kube.ensure_namespace(EVIL)
+    env = ambient_identity(tmp_path, sink)
+    env["HF_ENDPOINT"] = sink.endpoint
+    agent = await make_agent(
+        env=env,
+        # localhost is allow-listed here: the address rule, checked on what it resolves to, still refuses it.
+        args=("--tenant-endpoint-allow", f"http://localhost:{attacker.endpoint.rsplit(':', 1)[1]}"),
+    )
+    root = agent.models_root
+    models = object_models(u, attacker.endpoint, EVIL, root, "evil")
+    expected = {name: "EndpointRefused" for name in models}
+    extra = {
+        f"evil-oci-{u}": (
+            bm(
+                EVIL,
+                f"evil-oci-{u}",
+                f"oci://n/evilns/b/evil-{u}/o/llama",
+                str(root / EVIL / f"evil-oci-{u}"),
+                parameters={"endpoint": attacker.endpoint, "auth": "UserPrincipal"},
+            ),
+            "CredentialRefused",
+        ),
+        f"evil-imds-{u}": (
+            bm(
+                EVIL,
+                f"evil-imds-{u}",
+                f"s3://evil-{u}/x",
+                str(root / EVIL / f"evil-imds-{u}"),
+                parameters={"endpoint": "http://169.254.169.254"},
+            ),
+            "EndpointRefused",
+        ),
+        f"evil-rebind-{u}": (
+            bm(
+                EVIL,
+                f"evil-rebind-{u}",
+                f"s3://evil-{u}/x",
+                str(root / EVIL / f"evil-rebind-{u}"),
+                parameters={"endpoint": attacker.endpoint.replace("127.0.0.1", "localhost")},
+            ),
+            "EndpointRefused",
+        ),
+    }
+    for name, (manifest, reason) in extra.items():
+        models[name] = manifest
+        expected[name] = reason
+    for manifest in models.values():
+        await kube.apply(manifest)
+    for name, manifest in models.items():
+        entry = await wait_failed(kube, agent, manifest, expected[name])
+        assert EVIL in entry["reason"], entry  # the reason says whose rule it was
+        assert expected[name] in await eventually(
+            functools.partial(warning_reasons, kube, EVIL, name), timeout=30, what=f"{name} Warning Event"
+        )
+    rebind = (await entry_of(kube, agent, models[f"evil-rebind-{u}"]))["reason"]
+    assert "loopback" in rebind, rebind
+    assert attacker.seen == [], [(s.method, s.path) for s in attacker.seen]
+    assert sink.seen == [], "a refused tenant model reached the metadata/authority recorder"
+    assert agent.alive()
+    for name in models:
+        await kube.delete_model(BM, name, EVIL)
+
+
+async def test_the_node_identity_serves_trusted_models_only(
+    kube: Kube,
+    make_agent: AgentFactory,
+    moto: MotoServer,
+    attacker: Recorder,
+    sink: Recorder,
+    tmp_path: Path,
+    unique: str,
+) -> None:
+    u = unique
+    await kube.ensure_namespace(EVIL)
+    await kube.ensure_namespace(TRUSTED)
+    public = Recorder(upstream=("127.0.0.1", int(moto.endpoint.rsplit(":", 1)[1])))
+    public.start()
+    try:
+        files = tiny_llama(47)
+        bucket = f"public-{u}"
+        client = moto.client()
+        await asyncio.to_thread(create_bucket, client, bucket)
+        await asyncio.to_thread(upload_objects, client, bucket, {f"llama/{k}": v for k, v in files.items()})
+        for key in files:  # a public bucket: what a tenant without a Secret can fetch
+            await asyncio.to_thread(client.put_object_acl, Bucket=bucket, Key=f"llama/{key}", ACL="public-read")
+        env = ambient_identity(tmp_path, attacker)
+        env["HF_ENDPOINT"] = sink.endpoint
+        agent = await make_agent(
+            env=env,
+            args=(
+                "--trusted-namespace", TRUSTED,
+                "--tenant-endpoint-allow", sink.endpoint,
+                "--tenant-endpoint-allow", public.endpoint,
+                "--tenant-address-allow", "127.0.0.1/32",
+            ),
+        )  # fmt: skip
+        root = agent.models_root
+        trusted = {
+            **object_models(u, sink.endpoint, None, root, "cluster"),
+            **object_models(u, sink.endpoint, TRUSTED, root, "trusted"),
+        }
+        tenant = object_models(u, sink.endpoint, EVIL, root, "evil")
+        hf_cluster = cbm(f"hf-cluster-{u}", f"hf://platform/cluster-{u}", str(root / "cluster" / f"hf-{u}"))
+        hf_tenant = bm(EVIL, f"hf-evil-{u}", f"hf://evil/tenant-{u}", str(root / EVIL / f"hf-{u}"))
+        anonymous = bm(
+            EVIL,
+            f"evil-public-{u}",
+            f"s3://{bucket}/llama",
+            str(root / EVIL / f"public-{u}"),
+            parameters={"endpoint": public.endpoint, "region": "us-east-1"},
+        )
+        for manifest in [*trusted.values(), *tenant.values(), hf_cluster, hf_tenant, anonymous]:
+            await kube.apply(manifest)
+
+        # Trusted models: the sink sees the node's identity (so the signers work; the rules decide who gets them).
+        async def signed(tag: str) -> dict[str, Seen]:
+            assert agent.alive(), agent.tail()
+            found: dict[str, Seen] = {}
+            for store in ("s3", "gs", "az"):
+                hits = [s for s in sink.matching(f"/{tag}-{store}-{u}") if "authorization" in _lower(s.headers)]
+                if hits:
+                    found[store] = hits[0]
+            return found if len(found) == 3 else {}
+
+        for tag in ("cluster", "trusted"):
+            try:
+                seen = await eventually(functools.partial(signed, tag), timeout=60, what=f"{tag} models signed")
+            except AssertionError as exc:
+                summary = [(s.method, s.path[:60], sorted(_lower(s.headers))) for s in sink.seen]
+                raise AssertionError(f"{exc}; the sink saw: {summary}") from None
+            headers = _lower(seen["s3"].headers)
+            assert f"Credential={NODE_KEY_ID}/" in headers["authorization"]
+            assert headers["x-amz-security-token"] == NODE_SESSION_TOKEN
+            gcs_jwt = _lower(seen["gs"].headers)["authorization"].split()[1]
+            claims = json.loads(base64.urlsafe_b64decode(gcs_jwt.split(".")[1] + "=="))
+            assert claims["iss"] == NODE_GCP_EMAIL
+            assert _lower(seen["az"].headers)["authorization"].startswith("SharedKey acct:")
+
+        async def hf_seen(repo: str) -> list[Seen]:
+            return sink.matching(repo)
+
+        hf_platform = await eventually(lambda: hf_seen(f"platform/cluster-{u}"), timeout=60, what="cluster HF call")
+        assert _lower(hf_platform[0].headers)["authorization"] == f"Bearer {PLATFORM_HF_TOKEN}"
+
+        # Tenant models: the same sink (allow-listed), no credential of any kind; reasons without its body.
+        for manifest in tenant.values():
+            entry = await wait_failed(kube, agent, manifest, "AccessDenied")
+            assert BODY_MARKER not in json.dumps(entry), entry
+        await wait_failed(kube, agent, hf_tenant, None)
+        needles = [f"/evil-{store}-{u}" for store in ("s3", "gs", "az")] + [f"evil/tenant-{u}"]
+        for needle in needles:
+            assert sink.matching(needle), f"no tenant request for {needle} reached the allow-listed sink"
+        tenant_requests = [s for s in list(sink.seen) if any(n in s.path for n in needles)]
+        for s in tenant_requests:
+            assert s.credentials() == [], f"a tenant request carried a credential: {s.method} {s.path} {s.headers}"
+
+        # A tenant's anonymous fetch from an allow-listed public store works end to end, unsigned.
+        async def ready() -> bool:
+            assert agent.alive(), agent.tail()
+            return (await entry_of(kube, agent, anonymous)).get("status") == "Ready"
+
+        await eventually(ready, timeout=90, what="the tenant's public model Ready")
+        assert any(s.method == "GET" and "/llama/" in s.path for s in public.seen), "no object GET"
+        for s in public.seen:
+            assert s.credentials() == [], f"an anonymous tenant fetch carried a credential: {s.path} {s.headers}"
+
+        events = json.dumps((await kube.c.request("GET", EVENTS.path(EVIL)))["items"])
+        assert BODY_MARKER not in events
+        for line in agent.log_text().splitlines():
+            if f"evil-{u}" in line or f"evil/tenant-{u}" in line or EVIL in line:
+                assert BODY_MARKER not in line, line
+        assert attacker.seen == [], "metadata or authority endpoint contacted"
+        assert agent.alive()
+        for manifest in [*trusted.values(), *tenant.values(), hf_cluster, hf_tenant, anonymous]:
+            kind, ns = kind_ns(manifest)
+            await kube.delete_model(kind, manifest["metadata"]["name"], ns or None)
+    finally:
+        public.stop()
+
+
+def _lower(headers: dict[str, str]) -> dict[str, str]:
+    return {k.lower(): v for k, v in headers.items()}
