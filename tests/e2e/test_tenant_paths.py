@@ -23,11 +23,11 @@ from typing import Any
 
 import pytest
 
-from model_agent.devenv.olah import create_model_repo
+from model_agent.devenv.olah import OlahServer, create_model_repo
 from model_agent.model.keys import configmap_key, node_label_key
 from tests.e2e.conftest import AgentFactory
 from tests.support.agent import AgentProcess
-from tests.support.kube import Kube, bm
+from tests.support.kube import Kube, bm, cbm
 from tests.support.models import tiny_llama
 from tests.support.waiting import eventually
 
@@ -164,3 +164,46 @@ async def test_a_tenant_cannot_take_a_parent_child_or_the_same_directory(
     assert not list((root / ".model-agent" / "trash").iterdir())
     assert agent.alive()
     await kube.delete_model(BM, victim, VICTIM_NS)
+
+
+async def test_a_tenant_does_not_get_a_trashed_cluster_model(
+    kube: Kube, olah: OlahServer, mirrors_root: Path, make_agent: AgentFactory, unique: str
+) -> None:
+    agent = await make_agent(args=AGENT_ARGS)
+    await kube.ensure_namespace(EVIL_NS)
+    repo = f"acme/shared-{unique}"
+    files = tiny_llama(3)
+    await asyncio.to_thread(create_model_repo, mirrors_root, repo, files)
+    name, dest = f"admin-{unique}", agent.models_root / f"shared-{unique}"
+    await kube.apply(cbm(name, f"hf://{repo}", str(dest)))
+    await wait_ready(kube, agent, CBM, "", name)
+    await kube.delete_model(CBM, name)
+    trash = agent.models_root / ".model-agent" / "trash"
+
+    async def trashed() -> list[Path]:
+        gone = await state(kube, agent, CBM, "", name) == (None, None)
+        entries = list(trash.iterdir()) if trash.is_dir() else []
+        return entries if gone and len(entries) == 1 and not dest.exists() else []
+
+    entry = (await eventually(trashed, timeout=30, what="the admin's copy in the trash"))[0]
+    admin_bytes = tree(entry / "data")
+    assert admin_bytes is not None and {k: admin_bytes.get(k) for k in files} == files
+
+    requests = olah.request_count(path_contains=repo)
+    tenant = f"copycat-{unique}"
+    await kube.apply(bm(EVIL_NS, tenant, f"hf://{repo}", str(dest)))
+
+    async def settled() -> str | None:
+        label, entry_json = await state(kube, agent, BM, EVIL_NS, tenant)
+        status = (entry_json or {}).get("status")
+        return status if label == status and status in ("Ready", "Failed") else None
+
+    outcome = await eventually(settled, timeout=60, what="the tenant's model Ready (fetched) or Failed")
+    assert agent.metric("model_agent_restored_total") == 0
+    assert tree(entry / "data") == admin_bytes  # the admin's copy is still in the trash, untouched
+    assert list(trash.iterdir()) == [entry]
+    if outcome == "Ready":  # fetched from the source, not renamed out of the trash
+        assert olah.request_count(path_contains=repo) > requests
+        fetched = tree(dest) or {}
+        assert {k: fetched.get(k) for k in files} == files
+    await kube.delete_model(BM, tenant, EVIL_NS)

@@ -21,10 +21,12 @@ from model_agent.agent.ownership import (
     find_conflict,
     may_restore,
     normalise,
+    restorable_by,
+    restorable_to,
 )
 from model_agent.agent.reconciler import Context, Reconciler
 from model_agent.local.layout import Layout, PathRefused
-from model_agent.local.manifest import FileRecord, ManifestStore
+from model_agent.local.manifest import FileRecord, Manifest, ManifestStore
 from model_agent.local.trash import Trash
 from model_agent.model.resources import ModelObject
 from model_agent.model.uris import StorageType
@@ -375,6 +377,39 @@ def test_the_fingerprint_covers_every_part_of_the_identity() -> None:
     assert len(prints) == 6
     assert (
         Owner("a", URI, "s", {"x": "1", "y": "2"}).fingerprint == Owner("a", URI, "s", {"y": "2", "x": "1"}).fingerprint
+    )
+
+
+def test_the_trash_restores_only_to_the_owner(tmp_path: Path) -> None:
+    layout = Layout(tmp_path / "models")
+    layout.ensure()
+    trash = Trash(layout)
+    dest = layout.primary.path / "llama"
+    dest.mkdir()
+    (dest / "w").write_bytes(b"admin's")
+    admin = ModelObject.from_dict(
+        "ClusterBaseModel",
+        raw_model("ClusterBaseModel", "llama", "s3://bucket/llama", str(dest), key="admin-secret"),
+    )
+    tenant_raw = raw_model("BaseModel", "llama", "s3://bucket/llama", str(dest), "team-evil")
+    tenant = ModelObject.from_dict("BaseModel", tenant_raw)
+    manifest = Manifest(
+        key=admin.ref.key,
+        uid="u",
+        storage_uri="s3://bucket/llama",
+        dest=str(dest),
+        owner=Owner("", "s3://bucket/llama", "admin-secret").fingerprint,
+    )
+    assert trash.quarantine(manifest, layout.primary, "test") is not None
+    assert trash.find_restorable("s3://bucket/llama", str(dest)) is not None  # unfiltered: found
+    assert trash.find_restorable("s3://bucket/llama", str(dest), accept=restorable_by(tenant)) is None
+    assert (
+        trash.find_restorable("s3://bucket/llama", str(dest), accept=restorable_to(tenant.ref.key, tenant_raw)) is None
+    )
+    assert trash.find_restorable("s3://bucket/llama", str(dest), accept=restorable_by(admin)) is not None
+    same_owner_elsewhere = raw_model("ClusterBaseModel", "llama-2", "s3://bucket/llama", str(dest), key="admin-secret")
+    assert trash.find_restorable(
+        "s3://bucket/llama", str(dest), accept=restorable_to("ClusterBaseModel//llama-2", same_owner_elsewhere)
     )
 
 

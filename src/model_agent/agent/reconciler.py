@@ -35,7 +35,16 @@ from model_agent.agent.credentials import model_owner, read_storage_secret, reso
 from model_agent.agent.fetcher import Fetcher, Job
 from model_agent.agent.node_configmap import NodeConfigMap
 from model_agent.agent.node_labels import NodeLabels
-from model_agent.agent.ownership import Claim, ClaimCache, Mode, find_conflict, normalise, owner_of_model
+from model_agent.agent.ownership import (
+    Claim,
+    ClaimCache,
+    Mode,
+    find_conflict,
+    normalise,
+    owner_of_model,
+    restorable_by,
+    restorable_to,
+)
 from model_agent.agent.removal import Candidate, Remover
 from model_agent.agent.requeue import Requeue
 from model_agent.kube.client import ApiError, ApiUnavailable, KubeClient
@@ -334,7 +343,10 @@ class Reconciler:
             manifest_fact != ManifestFact.INTACT
             and kind in (TargetKind.FETCHED, TargetKind.UNSUPPORTED)
             and not target.dest.exists()
-            and ctx.trash.find_restorable(target.storage_uri, str(target.dest)) is not None
+            and ctx.trash.find_restorable(
+                target.storage_uri, str(target.dest), accept=restorable_to(ref.key, self.cached_object(ref))
+            )
+            is not None
         )
         job = ctx.fetcher.job(ref.key)
         job_fact = JobFact.NONE
@@ -625,8 +637,8 @@ class Reconciler:
         ctx = self.ctx
         if target.dest.exists():
             return False
-        entry = ctx.trash.find_restorable(target.storage_uri, str(target.dest))
-        if entry is None:
+        entry = ctx.trash.find_restorable(target.storage_uri, str(target.dest), accept=restorable_by(obj))
+        if entry is None:  # none, or only another owner's copy: that one stays in the trash, this one fetches
             return False
         manifest = entry.manifest
         await asyncio.to_thread(ctx.trash.restore, entry)

@@ -18,7 +18,7 @@ import json
 import os
 import shutil
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -106,12 +106,25 @@ class Trash:
                 except (OSError, ValueError, KeyError, TypeError):
                     continue
 
-    def find_restorable(self, storage_uri: str, dest: str, revision: str | None = None) -> TrashEntry | None:
-        """The newest entry holding this source for this destination, with its data present."""
+    def find_restorable(
+        self,
+        storage_uri: str,
+        dest: str,
+        revision: str | None = None,
+        *,
+        accept: Callable[[Manifest], bool] | None = None,
+    ) -> TrashEntry | None:
+        """The newest entry holding this source for this destination, with its data present.
+
+        With ``accept``, only an entry whose manifest it accepts (the reconciler restores only to the owner
+        that fetched the copy: :func:`model_agent.agent.ownership.may_restore`).
+        """
         best: TrashEntry | None = None
         for entry in self.entries():
             m = entry.manifest
             if m.storage_uri != storage_uri or m.dest != dest or not entry.data.exists():
+                continue
+            if accept is not None and not accept(m):
                 continue
             if revision is not None and m.revision != revision:
                 continue
