@@ -193,6 +193,8 @@ async def test_a_full_configmap_refuses_only_the_entries_that_do_not_fit_and_say
     written = set(values) - refused
     assert refused and written
     assert all(isinstance(outcomes[k], ConfigMapFull) and isinstance(outcomes[k], Requeue) for k in refused)
+    # Looked at again in about a minute (a state that ends when room appears), not with a backoff to 5 min.
+    assert all(48 <= (getattr(outcomes[k], "delay_s", 0) or 0) <= 72 for k in refused)
     assert server.refusals == 0  # the server never saw a patch that would not fit
     assert {k for k in server.data if k != "foreign"} == written
     assert server.data["foreign"] == "f" * 700  # never touched

@@ -16,7 +16,7 @@ status); batches are bounded in bytes; and each batch is placed against the obje
 (:func:`~model_agent.agent.configmap_space.place`, from the newest of the watched object and the last
 write's answer): an entry that does not fit whole is written without its config, and one that does not fit
 even so is refused — :meth:`NodeConfigMap.ensure` raises :class:`ConfigMapFull` for it (a
-:class:`~model_agent.agent.requeue.Requeue`: the key is retried with backoff, and a caller that writes the
+:class:`~model_agent.agent.requeue.Requeue`: the key is retried every minute or so, and a caller that writes the
 entry before the label never labels the model ``Ready`` without its entry) while the rest of the batch is
 written. A full ConfigMap is said loudly: a Warning Event ``ConfigMapFull`` on the Node, the gauges
 ``model_agent_configmap_full``, ``model_agent_configmap_refused_entries``, ``model_agent_configmap_bytes``,
@@ -25,6 +25,7 @@ and :meth:`NodeConfigMap.usage` (served on ``/status``).
 
 from __future__ import annotations
 
+import random
 from collections.abc import Callable
 from typing import Any
 
@@ -48,12 +49,19 @@ MERGE_PATCH = "application/merge-patch+json"
 MAX_BATCH_BYTES = 256 * 1024
 
 
+# A refused key is looked at again after this long (jittered), not with the work queue's backoff to 5 min:
+# a full ConfigMap is a state that ends when room appears (a model removed, another writer's key gone), and
+# each retry is cheap (placed locally; nothing is sent while there is no room).
+FULL_RETRY_S = 60.0
+
+
 class ConfigMapFull(Requeue):
     """No room in the node's ConfigMap for a model's entry, even without its parsed config."""
 
     def __init__(self, key: str, needed: int, used: int, budget: int) -> None:
         super().__init__(
-            f"the node's ConfigMap is full: entry {key} needs {needed} bytes, {used} of {budget} bytes are used"
+            f"the node's ConfigMap is full: entry {key} needs {needed} bytes, {used} of {budget} bytes are used",
+            FULL_RETRY_S * random.uniform(0.8, 1.2),
         )
         self.key = key
         self.needed = needed
