@@ -84,6 +84,18 @@ def test_place(
     assert placement.used_bytes == data_bytes(after) <= max(budget, data_bytes(current))
 
 
+def test_entries_already_written_give_up_their_config_for_a_status_never_another_writers_key() -> None:
+    current = {"foreign": "ffffffff", "g1": "gggggg", "g2": "hhhhhhhhhh"}  # 15 + 8 + 12 = 35 bytes
+    # "a" needs 4 bytes even small: g2 (the largest saving, 7) gives up its config, g1 need not.
+    placement = place(current, {"a": "123456789"}, 33, small, ours=lambda k: k.startswith("g"))
+    assert placement.write == {"g2": "hhh", "a": "123"}
+    assert placement.compacted == {"g2", "a"}
+    assert dict(placement.refused) == {}
+    # With every entry already small (and another writer's key never touched), the key is refused.
+    placement = place({"foreign": "f" * 20, "g1": "ggg"}, {"a": "123456789"}, 34, small, ours=lambda k: k != "foreign")
+    assert placement.write == {} and dict(placement.refused) == {"a": 4}
+
+
 # --------------------------------------------------------------------------------------- the writer
 
 
@@ -277,4 +289,22 @@ async def test_removing_a_refused_key_clears_the_full_state() -> None:
         await asyncio.wait_for(cm.ensure("m1", ready("m1")), DEADLINE_S)
     assert cm.full
     assert await asyncio.wait_for(cm.ensure("m1", None), DEADLINE_S) is False
+    assert not cm.full
+
+
+async def test_written_entries_give_up_their_config_so_every_status_is_written() -> None:
+    server = ConfigMapServer(limit=3000, data={"foreign": "f" * 1000})
+    cm, _, metrics = writer(server, budget=3000)
+    first = {f"clusterbasemodel.m{i}": ready(f"m{i}", config_bytes=300) for i in range(4)}  # ~440 bytes each
+    assert all(e is None for e in (await ensure_all(cm, dict(first))).values())
+    assert all("config" in json.loads(server.data[k]) for k in first)
+    later = {f"clusterbasemodel.n{i}": ready(f"n{i}", config_bytes=300) for i in range(10)}
+    outcomes = await ensure_all(cm, dict(later))
+    assert all(e is None for e in outcomes.values()), outcomes  # every status found room
+    for key in [*first, *later]:
+        entry = ModelEntry.from_json(server.data[key])
+        assert entry is not None and entry.status == "Ready"
+    assert server.data["foreign"] == "f" * 1000
+    assert data_bytes(server.data) <= 3000
+    assert gauge(metrics, "model_agent_configmap_compacted_entries") >= 10
     assert not cm.full

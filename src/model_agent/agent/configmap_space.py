@@ -9,7 +9,11 @@ the byte budget) so that the patch sent always fits:
 * a growing value goes whole when it fits; otherwise in its smallest form (``compact``: the parsed config
   dropped, the status kept) when that fits; otherwise it is refused and the key keeps its current value;
 * growing keys are taken in batch order (first come, first served), so a retry never displaces an entry
-  that is already written.
+  that is already written;
+* a status comes before a parsed config: when a growing key has no room even in its smallest form, entries
+  already written (only keys ``ours`` accepts, never another writer's) lose their parsed config, largest
+  saving first, until it fits. An entry keeps its status either way; only when every entry is already in
+  its smallest form is a key refused.
 
 :class:`~model_agent.agent.node_configmap.NodeConfigMap` carries the decision out and reports refusals.
 """
@@ -47,6 +51,7 @@ def place(
     batch: Mapping[str, str | None],
     budget: int,
     compact: Callable[[str], str],
+    ours: Callable[[str], bool] = lambda _key: False,
 ) -> Placement:
     used = data_bytes(current)
     write: dict[str, str | None] = {}
@@ -60,13 +65,31 @@ def place(
             used += delta
         else:
             growing.append((key, value))
+    # Entries already written that could give up their parsed config: (bytes saved, key), largest first.
+    givers: list[tuple[int, str]] | None = None
     for key, value in growing:
         old = entry_bytes(key, current.get(key))
         small = compact(value)
         if used + entry_bytes(key, value) - old <= budget:
             write[key] = value
             used += entry_bytes(key, value) - old
-        elif used + entry_bytes(key, small) - old <= budget:
+            continue
+        if used + entry_bytes(key, small) - old > budget:
+            if givers is None:
+                givers = sorted(
+                    (
+                        (entry_bytes(k, v) - entry_bytes(k, compact(v)), k)
+                        for k, v in current.items()
+                        if k not in batch and ours(k) and compact(v) != v
+                    ),
+                    reverse=True,
+                )
+            while givers and used + entry_bytes(key, small) - old > budget:
+                saved, giver = givers.pop(0)
+                write[giver] = compact(current[giver])
+                compacted.add(giver)
+                used -= saved
+        if used + entry_bytes(key, small) - old <= budget:
             write[key] = small
             used += entry_bytes(key, small) - old
             if small != value:

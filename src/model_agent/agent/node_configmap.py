@@ -14,13 +14,14 @@ Size (the API server refuses a ConfigMap over 1 MiB of data, and with it the who
 capped first (:func:`~model_agent.model.entry.cap_entry_json`: the parsed config is trimmed, never the
 status); batches are bounded in bytes; and each batch is placed against the object's current size
 (:func:`~model_agent.agent.configmap_space.place`, from the newest of the watched object and the last
-write's answer): an entry that does not fit whole is written without its config, and one that does not fit
-even so is refused — :meth:`NodeConfigMap.ensure` raises :class:`ConfigMapFull` for it (a
-:class:`~model_agent.agent.requeue.Requeue`: the key is retried every minute or so, and a caller that writes the
-entry before the label never labels the model ``Ready`` without its entry) while the rest of the batch is
-written. A full ConfigMap is said loudly: a Warning Event ``ConfigMapFull`` on the Node, the gauges
-``model_agent_configmap_full``, ``model_agent_configmap_refused_entries``, ``model_agent_configmap_bytes``,
-and :meth:`NodeConfigMap.usage` (served on ``/status``).
+write's answer). An entry that does not fit whole is written without its config; other entries give up
+their config to make room for a status; an entry that does not fit even so is refused:
+:meth:`NodeConfigMap.ensure` raises :class:`ConfigMapFull` for it (a
+:class:`~model_agent.agent.requeue.Requeue`: the key is retried every minute or so, and a caller that
+writes the entry before the label never labels the model ``Ready`` without its entry) while the rest of the
+batch is written. A full ConfigMap is said loudly: a Warning Event ``ConfigMapFull`` on the Node, the
+gauges ``model_agent_configmap_full``, ``model_agent_configmap_refused_entries``,
+``model_agent_configmap_bytes``, and :meth:`NodeConfigMap.usage` (served on ``/status``).
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ from model_agent.agent.requeue import Requeue
 from model_agent.kube.client import ApiError, KubeClient
 from model_agent.kube.resources import CONFIGMAPS
 from model_agent.model.entry import cap_entry_json, without_config
-from model_agent.model.keys import configmap_annotations, configmap_labels
+from model_agent.model.keys import configmap_annotations, configmap_labels, parse_configmap_key
 from model_agent.ops.events import NORMAL, WARNING, EventRecorder, ObjectRef
 from model_agent.ops.metrics import Metrics
 
@@ -74,6 +75,11 @@ def _resource_version(obj: dict[str, Any]) -> int:
         return int((obj.get("metadata") or {}).get("resourceVersion") or 0)
     except ValueError:
         return 0
+
+
+def _is_model_key(key: str) -> bool:
+    """A model's entry (the agent's to shrink), not another writer's key."""
+    return parse_configmap_key(key) is not None
 
 
 def _too_large(exc: ApiError) -> bool:
@@ -198,7 +204,7 @@ class NodeConfigMap:
 
     async def _send(self, batch: dict[str, str | None]) -> dict[str, BaseException]:
         path = CONFIGMAPS.path(self.namespace, self.node_name)
-        placement = place(self._base(), batch, self.budget_bytes, without_config)
+        placement = place(self._base(), batch, self.budget_bytes, without_config, _is_model_key)
         try:
             await self._write(placement.write)
         except ApiError as exc:
@@ -207,7 +213,7 @@ class NodeConfigMap:
             # The server counted more than the agent knew of (another writer's keys): read it and place again.
             log.warning("ConfigMap refused as too large; re-reading it", error=str(exc))
             self._latest = await self._client.request("GET", path)
-            placement = place(self._base(), batch, self.budget_bytes, without_config)
+            placement = place(self._base(), batch, self.budget_bytes, without_config, _is_model_key)
             await self._write(placement.write)
         self._record(placement)
         return {
