@@ -480,3 +480,32 @@ async def test_stop_waits_for_a_committed_job(done: Done) -> None:
     await asyncio.wait_for(stopping, DEADLINE_S)
     assert recorded == ["k"]
     assert pool.jobs() == []
+
+
+async def test_a_tenant_with_stuck_downloads_leaves_a_worker_for_other_namespaces() -> None:
+    """Two trickling BaseModels of one namespace on a two-worker node: another namespace's model still runs."""
+    fetcher = Fetcher(2, Done())
+    release = asyncio.Event()
+    started: list[str] = []
+
+    def body(key: str) -> Callable[[Job], Awaitable[None]]:
+        async def run(_job: Job) -> None:
+            started.append(key)
+            await release.wait()
+
+        return run
+
+    try:
+        for name in ("slow-1", "slow-2"):
+            await fetcher.submit(f"BaseModel/team-evil/{name}", "t", body(name))
+        await fetcher.submit("BaseModel/team-a/llama", "t", body("llama"))
+
+        async def llama_started() -> None:
+            while "llama" not in started:
+                await asyncio.sleep(0.01)
+
+        await asyncio.wait_for(llama_started(), DEADLINE_S)
+        assert started.count("slow-1") + started.count("slow-2") == 1  # the tenant got one of the two workers
+    finally:
+        release.set()
+        await fetcher.stop()

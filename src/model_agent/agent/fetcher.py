@@ -2,7 +2,8 @@
 
 The reconciler hands over a job (a model key, a target description and a coroutine factory) and returns at
 once; it never waits for a download. At most ``workers`` jobs run at a time (``--num-download-worker``);
-the others wait for a slot. When a job ends — success, failure or cancellation — ``on_done(key)`` is
+the others wait for a slot, shared fairly between namespaces (:class:`~model_agent.agent.fair_slots.FairSlots`:
+one tenant's models never hold every slot). When a job ends — success, failure or cancellation — ``on_done(key)`` is
 called so the work queue looks at the model again (level-triggered: the reconciler reads the outcome from
 the manifest or from :meth:`Fetcher.failure`).
 
@@ -36,6 +37,7 @@ from typing import ParamSpec, TypeVar
 
 import structlog
 
+from model_agent.agent.fair_slots import FairSlots
 from model_agent.sources.base import Progress, SourceError
 
 log = structlog.get_logger(__name__)
@@ -115,7 +117,7 @@ class Fetcher:
         backoff_base_s: float = BACKOFF_BASE_S,
         backoff_cap_s: float = BACKOFF_CAP_S,
     ) -> None:
-        self._slots = asyncio.Semaphore(max(1, workers))
+        self._slots = FairSlots(workers)
         self._on_done = on_done
         self._jobs: dict[str, Job] = {}
         self._failures: dict[str, Failure] = {}
@@ -155,7 +157,7 @@ class Fetcher:
     async def _run(self, job: Job, body: JobBody) -> None:
         outcome = "cancelled"
         try:
-            async with self._slots:
+            async with self._slots.slot(_namespace_of(job.key)):
                 job.waiting_for_slot = False
                 job.started = time.monotonic()
                 await body(job)
@@ -222,3 +224,9 @@ class Fetcher:
             await asyncio.wait([job.task for job in jobs])
         for job in jobs:
             self._forget(job)
+
+
+def _namespace_of(key: str) -> str:
+    """The namespace part of a model key (``Kind/namespace/name``); ``""`` for a ClusterBaseModel."""
+    parts = key.split("/")
+    return parts[1] if len(parts) == 3 else ""

@@ -1,0 +1,102 @@
+"""Download slots shared fairly between namespaces: one tenant cannot hold every download worker.
+
+Role: the fetcher runs at most ``--num-download-worker`` downloads at once. With one shared semaphore, a
+tenant who creates a few slow models (or models pointing at a server that trickles) holds every slot on
+every node those models select, and nobody else's model downloads. :class:`FairSlots` replaces that
+semaphore:
+
+* at most ``total`` slots are held at once;
+* a namespaced group (a tenant's namespace) holds at most ``per_group`` of them — by default one less than
+  ``total``, so another group always finds a slot; the cluster group (``""``: ClusterBaseModels, written by
+  cluster admins) is not capped;
+* a freed slot goes to the waiting group that holds the fewest slots (oldest waiter first among equals),
+  so a namespace with many queued models does not starve one with a single model.
+
+Guarantees: a waiter that is cancelled while waiting takes no slot; a slot is released exactly once (the
+``async with`` form); grants happen in the release path, so no waiter sleeps while a slot it may take is
+free.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+
+CLUSTER_GROUP = ""
+
+
+@dataclass(order=True)
+class _Waiter:
+    seq: int
+    group: str = field(compare=False)
+    future: asyncio.Future[None] = field(compare=False)
+
+
+class FairSlots:
+    def __init__(self, total: int, per_group: int | None = None) -> None:
+        self.total = max(1, total)
+        self.per_group = max(1, per_group if per_group is not None else self.total - 1)
+        self._held: dict[str, int] = {}
+        self._waiting: list[_Waiter] = []
+        self._seq = itertools.count()
+
+    @property
+    def in_use(self) -> int:
+        return sum(self._held.values())
+
+    def held(self, group: str) -> int:
+        return self._held.get(group, 0)
+
+    def _may_take(self, group: str) -> bool:
+        if self.in_use >= self.total:
+            return False
+        return group == CLUSTER_GROUP or self.held(group) < self.per_group
+
+    def _take(self, group: str) -> None:
+        self._held[group] = self.held(group) + 1
+
+    def _release(self, group: str) -> None:
+        left = self.held(group) - 1
+        if left > 0:
+            self._held[group] = left
+        else:
+            self._held.pop(group, None)
+        self._grant()
+
+    def _grant(self) -> None:
+        while self._waiting:
+            eligible = [w for w in self._waiting if not w.future.done() and self._may_take(w.group)]
+            if not eligible:
+                break
+            chosen = min(eligible, key=lambda w: (self.held(w.group), w.seq))
+            self._waiting.remove(chosen)
+            self._take(chosen.group)
+            chosen.future.set_result(None)
+        self._waiting = [w for w in self._waiting if not w.future.done()]
+
+    async def acquire(self, group: str) -> None:
+        if not self._waiting and self._may_take(group):
+            self._take(group)
+            return
+        waiter = _Waiter(next(self._seq), group, asyncio.get_running_loop().create_future())
+        self._waiting.append(waiter)
+        self._grant()  # the queue may be waiting only on capped groups: this one may go first
+        try:
+            await waiter.future
+        except asyncio.CancelledError:
+            if waiter.future.done() and not waiter.future.cancelled():
+                self._release(group)  # granted just as it was cancelled: hand the slot on
+            elif waiter in self._waiting:
+                self._waiting.remove(waiter)
+            raise
+
+    @asynccontextmanager
+    async def slot(self, group: str) -> AsyncIterator[None]:
+        await self.acquire(group)
+        try:
+            yield
+        finally:
+            self._release(group)
