@@ -308,3 +308,102 @@ async def test_a_failed_list_confirms_nothing_and_is_not_reused() -> None:
     again = await asyncio.wait_for(asyncio.gather(*(c.confirm(r, UID) for r in refs)), DEADLINE_S)
     assert {o.outcome for o in again} == {Outcome.ALIVE_SAME_UID}
     assert len(client.calls_to("GET", LIST_PATH)) == 2
+
+
+async def test_a_delete_heard_while_the_lists_absent_items_are_read_is_not_answered_alive() -> None:
+    """Issue 15, item 5: the LIST shows X; while the GETs for the items it lacks are slow, X is really deleted
+    and its DELETED heard. X's waiter must not get ``alive`` from the older LIST: X is read again."""
+    x, others = cbm_ref(0), [cbm_ref(i) for i in range(1, 4)]
+    client = FakeKubeClient()
+    client.always("GET", LIST_PATH, listing(x))  # the others are missing from this LIST: each gets a GET
+    gets_started = asyncio.Event()
+    release = asyncio.Event()
+
+    def slow_alive(ref: ModelRef) -> Any:
+        async def answer() -> dict[str, Any]:
+            gets_started.set()
+            await release.wait()
+            return live_object(ref)
+
+        return answer
+
+    for r in others:
+        client.script("GET", f"{LIST_PATH}/{r.name}", slow_alive(r))
+    client.script("GET", f"{LIST_PATH}/{x.name}", not_found(x.name, "clusterbasemodels"))
+    c = confirmer(client)
+    for r in (x, *others):
+        c.heard(r.key)
+    pending = asyncio.gather(*(c.confirm(r, UID) for r in (x, *others)))
+    await asyncio.wait_for(gets_started.wait(), DEADLINE_S)
+    c.heard(x.key)  # X's real DELETED arrives while the LIST's answers wait for the slow GETs
+    release.set()
+    outcomes = await asyncio.wait_for(pending, DEADLINE_S)
+    assert outcomes[0].outcome == Outcome.CONFIRMED_GONE
+    assert {o.outcome for o in outcomes[1:]} == {Outcome.ALIVE_SAME_UID}
+    assert len(client.calls_to("GET", f"{LIST_PATH}/{x.name}")) == 1
+    assert all(o.read_at is not None for o in outcomes)
+
+
+async def test_a_joined_list_cannot_answer_alive_for_a_delete_heard_while_it_ran() -> None:
+    refs = [cbm_ref(i) for i in range(5)]
+    listed = asyncio.Event()
+    release = asyncio.Event()
+
+    async def slow_list() -> dict[str, Any]:
+        listed.set()
+        await release.wait()
+        return listing(*refs)
+
+    client = FakeKubeClient()
+    client.script("GET", LIST_PATH, slow_list)
+    client.script("GET", f"{LIST_PATH}/m4", not_found("m4", "clusterbasemodels"))
+    c = confirmer(client)
+    for r in refs:
+        c.heard(r.key)
+    storm = asyncio.gather(*(c.confirm(r, UID) for r in refs[:4]))
+    await asyncio.wait_for(listed.wait(), DEADLINE_S)
+    joiner = asyncio.ensure_future(c.confirm(refs[4], UID))  # joins the LIST in flight
+    await asyncio.sleep(0)
+    c.heard(refs[4].key)  # then m4's real DELETED is heard before the LIST answers
+    release.set()
+    assert {o.outcome for o in await asyncio.wait_for(storm, DEADLINE_S)} == {Outcome.ALIVE_SAME_UID}
+    assert (await asyncio.wait_for(joiner, DEADLINE_S)).outcome == Outcome.CONFIRMED_GONE
+
+
+async def test_a_get_confirmation_carries_when_its_read_started() -> None:
+    client = scripted(CLUSTER, live_object(CLUSTER))
+    before = time.monotonic()
+    result = await confirm(client, CLUSTER)
+    assert result.read_at is not None and before <= result.read_at <= time.monotonic()
+
+
+async def test_a_relist_while_the_lists_answers_wait_sends_alive_answers_to_their_own_get() -> None:
+    # X was deleted while no watch was open; the cache's next relist lacks it but, having already lost X,
+    # produces no event for it. The relist is news of every object of the kind: the older LIST cannot prove X.
+    x, others = cbm_ref(0), [cbm_ref(i) for i in range(1, 4)]
+    client = FakeKubeClient()
+    client.always("GET", LIST_PATH, listing(x))
+    gets_started = asyncio.Event()
+    release = asyncio.Event()
+
+    def slow(ref: ModelRef) -> Any:
+        async def answer() -> dict[str, Any]:
+            gets_started.set()
+            await release.wait()
+            return live_object(ref)
+
+        return answer
+
+    for r in others:
+        client.script("GET", f"{LIST_PATH}/{r.name}", slow(r))
+    client.script("GET", f"{LIST_PATH}/{x.name}", not_found(x.name, "clusterbasemodels"))
+    c = confirmer(client)
+    for r in (x, *others):
+        c.heard(r.key)
+    pending = asyncio.gather(*(c.confirm(r, UID) for r in (x, *others)))
+    await asyncio.wait_for(gets_started.wait(), DEADLINE_S)
+    c.relisted(x.kind.value)
+    release.set()
+    outcomes = await asyncio.wait_for(pending, DEADLINE_S)
+    assert outcomes[0].outcome == Outcome.CONFIRMED_GONE
+    assert {o.outcome for o in outcomes[1:]} == {Outcome.ALIVE_SAME_UID}  # proven by their own GETs

@@ -263,7 +263,7 @@ async def env(tmp_path: Path) -> AsyncIterator[Env]:
         cached_models=lambda: list(cached),
         confirm_deadline_s=1.0,
     )
-    ctx.repair_cache = repaired.append
+    ctx.repair_cache = lambda live, _read_at: repaired.append(live)
     env = Env(
         client=client,
         layout=layout,

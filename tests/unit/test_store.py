@@ -99,3 +99,20 @@ def test_tombstones_expire_and_reads_older_than_them_are_refused() -> None:
     assert store.heard("x") is None
     assert not store.repair(obj("x"), read_started)  # older than what the store still remembers
     assert store.heard("y") is not None
+
+
+def test_a_relist_after_the_read_began_that_lacks_the_key_refuses_the_repair() -> None:
+    # X vanished in a relist (a rumour), a confirmation read began, X was really deleted while no watch was
+    # open, and the next relist lacks X: the store has no entry for X to change, but the relist is newer news.
+    clock = Clock()
+    store = Store(clock=clock)
+    store.replace([obj("x"), obj("a")])
+    clock.advance(1)
+    store.replace([obj("a")])
+    clock.advance(1)
+    read_started = clock.now
+    clock.advance(1)
+    store.replace([obj("a")])
+    clock.advance(1)
+    assert not store.repair(obj("x"), read_started)
+    assert store.repair(obj("x"), clock.now)  # a read that began after that relist may repair

@@ -224,3 +224,86 @@ def test_quarantine_refuses_a_parent_swapped_for_a_symlink_out_of_the_root(
         trash.quarantine(manifest, root, "test")
     assert (outside / "model" / "keep.bin").read_bytes() == b"not ours"
     assert list(root.trash.iterdir()) == []
+
+
+# ------------------------------------------------------------- purge off the event loop, restore lookups
+
+
+def test_a_purge_after_a_restore_won_the_race_touches_nothing_restored(trash: Trash, root: Root) -> None:
+    # The purge runs in a thread beside the event loop: a restore that renamed the data out first must keep
+    # every file (a plain rmtree of the old path could go on deleting inside the renamed directory).
+    manifest = model_on_disk(root, "m1")
+    entry = trash.quarantine(manifest, root, "gone")
+    assert entry is not None
+    stale_view = trash_module.TrashEntry(entry.id, root, entry.manifest, entry.quarantined_at, entry.reason)
+    trash.restore(entry)
+    trash.purge(stale_view)  # the purge had listed the entry before the restore
+    assert read_tree(Path(manifest.dest)) == FILES
+    assert not stale_view.directory.exists()
+
+
+def test_a_purged_entry_is_not_restorable_from_the_moment_its_data_moves(trash: Trash, root: Root) -> None:
+    manifest = model_on_disk(root, "m1")
+    entry = trash.quarantine(manifest, root, "gone")
+    assert entry is not None
+    (entry.directory / trash_module.PURGING).mkdir()  # a purge killed mid-delete leaves this behind
+    shutil.move(str(entry.data), str(entry.directory / trash_module.PURGING / "data"))
+    assert trash.find_restorable(manifest.storage_uri, manifest.dest) is None
+    purged = trash.purge_expired(0.0)
+    assert [e.id for e in purged] == [entry.id]
+    assert list(root.trash.iterdir()) == []
+
+
+def test_purge_expired_stops_when_told_to(trash: Trash, root: Root, wall: WallClock) -> None:
+    for name in ("m1", "m2", "m3"):
+        assert trash.quarantine(model_on_disk(root, name), root, "gone") is not None
+    wall.now += 3600
+    asked = 0
+
+    def keep_going() -> bool:
+        nonlocal asked
+        asked += 1
+        return asked <= 1  # the breaker opens after the first entry
+
+    purged = trash.purge_expired(60, keep_going=keep_going)
+    assert len(purged) == 1
+    assert len(list(trash.entries())) == 2
+
+
+def test_find_restorable_reads_an_entry_file_only_when_it_is_new_or_changed(
+    trash: Trash, root: Root, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    manifests = [model_on_disk(root, f"m{i}") for i in range(5)]
+    for m in manifests:
+        assert trash.quarantine(m, root, "gone") is not None
+    loads: list[str] = []
+    real_load = Trash._load
+
+    def counting_load(r: Root, directory: Path) -> trash_module.TrashEntry | None:
+        loads.append(directory.name)
+        return real_load(r, directory)
+
+    monkeypatch.setattr(Trash, "_load", staticmethod(counting_load))
+    assert trash.find_restorable(manifests[0].storage_uri, manifests[0].dest) is not None
+    first = len(loads)
+    loads.clear()
+    for _ in range(10):  # a decision per reconcile: no entry file read but the chosen one
+        assert trash.find_restorable(manifests[0].storage_uri, manifests[0].dest) is not None
+    assert first == 6  # five summaries and the chosen entry
+    assert len(loads) == 10
+    newer = model_on_disk(root, "m9")
+    assert trash.quarantine(newer, root, "gone") is not None
+    assert trash.find_restorable(newer.storage_uri, newer.dest) is not None  # a new entry is seen at once
+
+
+def test_find_restorable_rereads_an_entry_rewritten_under_the_same_name(trash: Trash, root: Root) -> None:
+    manifest = model_on_disk(root, "m1")
+    entry = trash.quarantine(manifest, root, "gone")
+    assert entry is not None
+    assert trash.find_restorable(manifest.storage_uri, manifest.dest) is not None
+    record = json.loads((entry.directory / "entry.json").read_text())
+    record["manifest"]["storage_uri"] = "hf://org/switched"
+    (entry.directory / "entry.json.tmp").write_text(json.dumps(record))
+    (entry.directory / "entry.json.tmp").rename(entry.directory / "entry.json")
+    assert trash.find_restorable(manifest.storage_uri, manifest.dest) is None
+    assert trash.find_restorable("hf://org/switched", manifest.dest) is not None

@@ -23,12 +23,17 @@ removes them with ``model-agent trash``/by hand. (The delete breaker is the seco
 
 ``alive_same_uid`` also covers "deselected" candidates: the caller then re-evaluates selection against
 the live object. A known-UID candidate is never confirmed by an object carrying no UID.
+
+Every :class:`Confirmation` carries ``read_at``, the ``time.monotonic()`` instant its read *started*. An
+answer is only as fresh as that: the caller may repair its cache with the live object only if nothing was
+heard of the key since (:meth:`model_agent.kube.store.Store.repair`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import random
+import time
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
@@ -58,6 +63,8 @@ class Confirmation:
     # A 404 for the resource type itself (its CRD is gone): proves nothing about the object, but every model
     # of that kind is about to look gone — the caller tells the delete breaker.
     type_gone: bool = False
+    # time.monotonic() when the read that decided this started (None: no read, e.g. a LIST that failed).
+    read_at: float | None = None
 
 
 async def confirm_absence(
@@ -65,35 +72,43 @@ async def confirm_absence(
 ) -> Confirmation:
     resource = MODEL_RESOURCES[ref.kind.value]
     path = resource.path(ref.namespace or None, ref.name)
+    started = time.monotonic()
     try:
         live = await asyncio.wait_for(client.request("GET", path, timeout=deadline_s), deadline_s + 1)
     except ApiError as exc:
         if exc.is_object_not_found(ref.name, resource.plural):
-            return Confirmation(Outcome.CONFIRMED_GONE, detail="NotFound")
+            return Confirmation(Outcome.CONFIRMED_GONE, detail="NotFound", read_at=started)
         detail = f"HTTP {exc.status} {exc.reason}: {exc.message[:200]}"
-        return Confirmation(Outcome.READ_FAILED, detail=detail, type_gone=exc.status == 404)
+        return Confirmation(Outcome.READ_FAILED, detail=detail, type_gone=exc.status == 404, read_at=started)
     except (ApiUnavailable, TimeoutError) as exc:
-        return Confirmation(Outcome.READ_FAILED, detail=str(exc) or "deadline passed")
-    return _decide_live(live, recorded_uid)
+        return Confirmation(Outcome.READ_FAILED, detail=str(exc) or "deadline passed", read_at=started)
+    return _decide_live(live, recorded_uid, started)
 
 
-def decide_from_list(ref: ModelRef, recorded_uid: str, listed: dict[tuple[str, str], dict[str, Any]]) -> Confirmation:
+def decide_from_list(
+    ref: ModelRef,
+    recorded_uid: str,
+    listed: dict[tuple[str, str], dict[str, Any]],
+    read_at: float | None = None,
+) -> Confirmation:
     """The same decision table, read off a complete consistent LIST instead of one GET."""
     live = listed.get((ref.namespace, ref.name))
     if live is None:
-        return Confirmation(Outcome.CONFIRMED_GONE, detail="absent from a consistent LIST")
-    return _decide_live(live, recorded_uid)
+        return Confirmation(Outcome.CONFIRMED_GONE, detail="absent from a consistent LIST", read_at=read_at)
+    return _decide_live(live, recorded_uid, read_at)
 
 
-def _decide_live(live: dict[str, Any], recorded_uid: str) -> Confirmation:
+def _decide_live(live: dict[str, Any], recorded_uid: str, read_at: float | None) -> Confirmation:
     """The rows of the table for an object that was read: another UID, being deleted, or alive."""
     meta = live.get("metadata") or {}
     live_uid = str(meta.get("uid") or "")
     if recorded_uid and live_uid and live_uid != recorded_uid:
-        return Confirmation(Outcome.RECREATED_NEW_UID, live, detail=f"uid {recorded_uid} -> {live_uid}")
+        return Confirmation(
+            Outcome.RECREATED_NEW_UID, live, detail=f"uid {recorded_uid} -> {live_uid}", read_at=read_at
+        )
     if meta.get("deletionTimestamp"):
-        return Confirmation(Outcome.DELETING, live, detail="deletionTimestamp set")
-    return Confirmation(Outcome.ALIVE_SAME_UID, live)
+        return Confirmation(Outcome.DELETING, live, detail="deletionTimestamp set", read_at=read_at)
+    return Confirmation(Outcome.ALIVE_SAME_UID, live, read_at=read_at)
 
 
 STORM_WINDOW_S = 5.0
@@ -124,6 +139,12 @@ class Confirmer:
     LIST in flight is joined). Only presence is taken from it; absence is still re-proven by a GET. A
     candidate the agent heard nothing about (a drift pass) is never decided by an earlier LIST. LIST
     results are kept for ``list_reuse_s`` at most.
+
+    Freshness holds until the answer is given, not only when the LIST is chosen: a LIST's answers reach its
+    waiters only after the GETs for the objects it lacks (rate-limited, possibly slow), and an object heard
+    of again meanwhile — its real DELETED arriving, or a relist of the cache (:meth:`relisted`) that may lack
+    it — is not answered ``alive`` from that older LIST: it is read again with its own GET (a LIST that
+    started before a delete was heard cannot prove the object alive).
     """
 
     def __init__(
@@ -139,7 +160,8 @@ class Confirmer:
     ) -> None:
         self._client = client
         self._list_reuse_s = list_reuse_s
-        self._heard: dict[str, float] = {}  # model key -> loop time of the last event about it
+        self._heard: dict[str, float] = {}  # model key -> time.monotonic() of the last event about it
+        self._relisted: dict[str, float] = {}  # kind -> time.monotonic() of the cache's last relist
         self._lists: dict[str, tuple[float, asyncio.Future[dict[tuple[str, str], dict[str, Any]]]]] = {}
         self._deadline_s = deadline_s
         self._threshold = batch_threshold
@@ -153,23 +175,30 @@ class Confirmer:
 
     def heard(self, key: str) -> None:
         """The agent just heard something about model ``key`` (an event): older LISTs cannot decide it."""
-        self._heard[key] = asyncio.get_running_loop().time()
+        self._heard[key] = time.monotonic()
+
+    def relisted(self, kind: str) -> None:
+        """The agent's cache of ``kind`` was just relisted: news of every object of that kind, including the
+        ones it no longer lists (which produce no event when the cache had already lost them)."""
+        self._relisted[kind] = time.monotonic()
 
     async def confirm(self, ref: ModelRef, recorded_uid: str) -> Confirmation:
         if self._threshold is None:
             return await self._get(ref, recorded_uid)
         loop = asyncio.get_running_loop()
         kind = ref.kind.value
-        now = loop.time()
+        now = time.monotonic()
         covering = self._list_since(kind, self._heard.get(ref.key, now))
         if covering is not None:
+            started, future = covering
             try:
-                listed = await asyncio.shield(covering)
+                listed = await asyncio.shield(future)
             except Exception as exc:
                 return Confirmation(Outcome.READ_FAILED, detail=f"LIST failed: {exc}")
-            decision = decide_from_list(ref, recorded_uid, listed)
-            if decision.outcome == Outcome.CONFIRMED_GONE:
-                return await self._get(ref, recorded_uid)  # absence is proven by the object's own read
+            decision = decide_from_list(ref, recorded_uid, listed, started)
+            if decision.outcome == Outcome.CONFIRMED_GONE or not self._fresh(ref, started):
+                # Absence is proven by the object's own read; so is presence heard of again since the LIST began.
+                return await self._get(ref, recorded_uid)
             return decision
         waiter = _Waiter(ref, recorded_uid, loop.create_future())
         recent = [t for t in self._arrivals.get(kind, []) if now - t < STORM_WINDOW_S]
@@ -196,7 +225,7 @@ class Confirmer:
             return
         # A storm is recognised by the batch or by the arrivals of the last few seconds, so its stragglers are
         # confirmed by LIST too instead of trickling in as GETs.
-        now = asyncio.get_running_loop().time()
+        now = time.monotonic()
         recent = sum(1 for t in self._arrivals.get(kind, []) if now - t < STORM_WINDOW_S)
         try:
             if self._threshold is not None and max(len(live), recent) > self._threshold:
@@ -209,25 +238,33 @@ class Confirmer:
             if not waiter.future.done():
                 waiter.future.set_result(outcome)
 
-    def _list_since(self, kind: str, since: float) -> asyncio.Future[dict[tuple[str, str], dict[str, Any]]] | None:
-        """A LIST of ``kind`` (done or in flight) that started at or after ``since`` and may still be used."""
+    def _fresh(self, ref: ModelRef, read_at: float) -> bool:
+        """Did the read that started at ``read_at`` begin after the last news of ``ref`` (an event, a relist)?"""
+        heard = max(self._heard.get(ref.key, 0.0), self._relisted.get(ref.kind.value, 0.0))
+        return read_at > heard
+
+    def _list_since(
+        self, kind: str, since: float
+    ) -> tuple[float, asyncio.Future[dict[tuple[str, str], dict[str, Any]]]] | None:
+        """A LIST of ``kind`` (done or in flight) that started at or after ``since`` and may still be used:
+        its start time and its future."""
         found = self._lists.get(kind)
         if found is None:
             return None
         started, future = found
-        now = asyncio.get_running_loop().time()
+        now = time.monotonic()
         if now - started > self._list_reuse_s:
             del self._lists[kind]  # stale: also frees the objects it holds
             return None
         if started < since or (future.done() and (future.cancelled() or future.exception() is not None)):
             return None
-        return future
+        return started, future
 
     async def _list(self, kind: str) -> dict[tuple[str, str], dict[str, Any]]:
         """One paginated consistent LIST of ``kind``, published in ``_lists`` while it runs and after."""
         loop = asyncio.get_running_loop()
         future: asyncio.Future[dict[tuple[str, str], dict[str, Any]]] = loop.create_future()
-        self._lists[kind] = (loop.time(), future)
+        self._lists[kind] = (time.monotonic(), future)
         try:
             listed = await self._read_list(kind)
         except BaseException as exc:
@@ -261,17 +298,24 @@ class Confirmer:
                     return listed
 
     async def _by_list(self, kind: str, batch: list[_Waiter]) -> list[Confirmation]:
+        started = time.monotonic()
         try:
             listed = await self._list(kind)
         except (ApiError, ApiUnavailable, TimeoutError) as exc:
             detail = f"LIST failed: {exc}"
             gone = isinstance(exc, ApiError) and exc.status == 404
             return [Confirmation(Outcome.READ_FAILED, detail=detail, type_gone=gone) for _ in batch]
-        decisions = [decide_from_list(w.ref, w.uid, listed) for w in batch]
+        decisions = [decide_from_list(w.ref, w.uid, listed, started) for w in batch]
         # A LIST proves presence for a whole storm at once; absence it only suggests: each object it lacks is
         # read once more on its own, so no single answer — a LIST that drops items — can remove anything.
         absent = [i for i, d in enumerate(decisions) if d.outcome == Outcome.CONFIRMED_GONE]
         rechecked = await asyncio.gather(*(self._get(batch[i].ref, batch[i].uid) for i in absent))
         for i, decision in zip(absent, rechecked, strict=True):
+            decisions[i] = decision
+        # Those GETs took time; an object heard of again meanwhile (its real DELETED) cannot be answered from
+        # the older LIST: read it again on its own.
+        stale = [i for i in range(len(batch)) if i not in set(absent) and not self._fresh(batch[i].ref, started)]
+        reread = await asyncio.gather(*(self._get(batch[i].ref, batch[i].uid) for i in stale))
+        for i, decision in zip(stale, reread, strict=True):
             decisions[i] = decision
         return decisions

@@ -85,8 +85,9 @@ class RemovalContext:
     cached_models: Callable[[], Iterable[dict[str, Any]]]
     confirm_deadline_s: float = 10.0
     # Called with a live object that a confirmation read found alive: the cache had lost it (a phantom
-    # delete, a relist that omitted it), and the live read is the freshest state there is.
-    repair_cache: Callable[[dict[str, Any]], None] = lambda _obj: None
+    # delete, a relist that omitted it), and the live read is the freshest state there is. With the time the read
+    # started (Confirmation.read_at): the cache takes it only if it heard nothing of the key since.
+    repair_cache: Callable[[dict[str, Any], float | None], None] = lambda _obj, _read_at: None
     # Coalesces storms into one LIST per kind; None: one GET per candidate.
     confirmer: Confirmer | None = None
 
@@ -124,7 +125,7 @@ class Remover:
         if confirmation.outcome == Outcome.ALIVE_SAME_UID and not await self._deselected(confirmation):
             ctx.breaker.forget(ref.key)
             if confirmation.live is not None:
-                ctx.repair_cache(confirmation.live)
+                ctx.repair_cache(confirmation.live, confirmation.read_at)
             await self._void_intent(ref)
             log.info("removal rumour dropped: the object is alive", key=ref.key, why=candidate.why)
             return False

@@ -14,6 +14,13 @@ Nothing is reconciled before every cache has synced once (an empty cache would m
 look orphaned; confirmation would save the weights, but the churn is pointless). A periodic resync
 enqueues every known key; a periodic purge empties expired trash.
 
+Every background task — the reflectors, resync, purge, verify and the loop tick — runs under a
+:class:`~model_agent.agent.supervisor.Supervisor`: an unexpected end is logged with its traceback, counted
+(``model_agent_background_task_failures_total``), restarts the component with backoff and turns ``/healthz``
+red until it works again; a failed periodic pass is reported the same way. The loop tick wakes every
+``LOOP_TICK_S`` and records how late it woke (``model_agent_event_loop_lag_seconds``): blocking work on
+the event loop shows there first.
+
 Shutdown order (DESIGN.md §3): stop the reflectors; drain the queue briefly and stop the workers; stop the
 fetcher pool (partial downloads stay for resume); flush events; close the API client.
 """
@@ -25,9 +32,9 @@ import contextlib
 import json
 import os
 import random
-import shutil
 import time
 import zlib
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +51,7 @@ from model_agent.agent.removal import RemovalContext, Remover
 from model_agent.agent.requeue import Requeue
 from model_agent.agent.resolve_cache import ResolveCache
 from model_agent.agent.settings import Settings
+from model_agent.agent.supervisor import Recovered, Supervisor
 from model_agent.kube.client import ApiError, ApiUnavailable, KubeClient
 from model_agent.kube.ratelimit import TokenBucket
 from model_agent.kube.reflector import Reflector
@@ -52,7 +60,7 @@ from model_agent.kube.store import Change, object_key
 from model_agent.kube.workqueue import ShutDown, WorkQueue
 from model_agent.local import capacity
 from model_agent.local.capacity import DiskReserve
-from model_agent.local.inventory import stale_staging, unmanaged_directories
+from model_agent.local.inventory import delete_discarded, discard, stale_staging, unmanaged_directories
 from model_agent.local.layout import Layout, token_for
 from model_agent.local.manifest import ManifestStore
 from model_agent.local.trash import Trash
@@ -62,6 +70,7 @@ from model_agent.model.resources import ModelRef
 from model_agent.model.selection import INSTANCE_TYPE_MAP_ENV, parse_instance_type_map
 from model_agent.model.uris import StorageType
 from model_agent.ops.events import WARNING, EventRecorder, ObjectRef
+from model_agent.ops.looplag import LagWindow
 from model_agent.ops.metrics import Metrics
 from model_agent.sources.cloud import CloudSource
 from model_agent.sources.hf import HuggingFaceSource
@@ -71,6 +80,8 @@ from model_agent.sources.s3 import S3Source
 log = structlog.get_logger(__name__)
 
 SHUTDOWN_DRAIN_S = 3.0
+REPAIR_REFUSED_RECHECK_S = 1.0
+LOOP_TICK_S = 0.1  # fine enough to catch a 100 ms stall of the event loop, cheap enough to run always
 
 
 class Agent:
@@ -107,7 +118,7 @@ class Agent:
         )
         self.reflectors = [*self.models.values(), self.node, self.configmap]
         for reflector in self.reflectors:
-            reflector.on_relist = lambda name: self.metrics.relists.labels(name).inc()
+            reflector.on_relist = self._on_relist
         self.events = EventRecorder(client, host=node)
         self.labels = NodeLabels(client, node, lambda: self.node.store.get(node), attempts=settings.node_label_retry)
         self.node_configmap = NodeConfigMap(
@@ -204,7 +215,9 @@ class Agent:
         )
         self._label_index: dict[str, str] = {}
         self.unmanaged: list[Path] = []
-        self._tasks: list[asyncio.Task[None]] = []
+        self._inventory_keys: set[str] | None = None  # the next inventory pass's keys, while one is due
+        self._inventory_task: asyncio.Task[None] | None = None
+        self.supervisor = Supervisor(on_failure=lambda name: self.metrics.task_failures.labels(name).inc())
         self._workers: list[asyncio.Task[None]] = []
         self.started = asyncio.Event()
         self.last_loop_tick = time.monotonic()
@@ -222,6 +235,12 @@ class Agent:
         self._label_index[ref.label_key] = ref.key
         self.confirmer.heard(ref.key)  # a removal candidate from now on needs a read newer than this
         self.queue.add(ref.key)
+
+    def _on_relist(self, resource: str) -> None:
+        self.metrics.relists.labels(resource).inc()
+        for kind, reflector in self.models.items():
+            if reflector.name == resource:
+                self.confirmer.relisted(kind)  # LISTs begun earlier cannot speak for objects this one lacks
 
     def _on_node_change(self, change: Change, _source: str) -> None:
         old = ((change.old or {}).get("metadata") or {}).get("labels") or {}
@@ -287,11 +306,31 @@ class Agent:
         denied = sorted(r for r, t in self.forbidden.items() if now - t < window_s)
         return f"requests denied (401/403) for: {', '.join(denied)}" if denied else None
 
-    def _repair_cache(self, live: dict[str, Any]) -> None:
+    def _repair_cache(self, live: dict[str, Any], read_at: float | None) -> None:
+        """Put back an object a confirmation read found alive while the cache had lost it (a phantom delete, a
+        relist that omitted it) — only if that read started after everything the cache heard of the key: a
+        DELETED heard meanwhile is newer than the read, and the pre-deletion object must not come back."""
         reflector = self.models.get(str(live.get("kind") or ""))
-        if reflector is not None and object_key(live) not in reflector.store:
-            reflector.store.upsert(live)
-            log.info("cache repaired from a live read", key=object_key(live))
+        if reflector is None or read_at is None:
+            return
+        key = object_key(live)
+        if reflector.store.repair(live, read_at):
+            log.info("cache repaired from a live read", key=key)
+        elif key not in reflector.store:
+            heard = reflector.store.heard(key)
+            log.info(
+                "cache not repaired: the key was heard of after the read began",
+                key=key,
+                heard_deleted=heard.deleted if heard else None,
+                heard_ago_s=round(time.monotonic() - heard.at, 3) if heard else None,
+            )
+            # The read is older than what the cache knows: look at the model again, with a fresh read.
+            meta = live.get("metadata") or {}
+            with contextlib.suppress(ValueError):
+                ref = ModelRef(
+                    ModelKind(str(live.get("kind"))), str(meta.get("namespace") or ""), str(meta.get("name"))
+                )
+                self.queue.add_after(ref.key, REPAIR_REFUSED_RECHECK_S)
 
     def _requeue_after(self, key: str, delay_s: float) -> None:
         if delay_s <= 0:
@@ -349,13 +388,38 @@ class Agent:
         self._inventory(keys)
 
     def _inventory(self, keys: set[str]) -> None:
-        """Report unmanaged directories; delete staging areas no model or download owns."""
-        self.unmanaged = unmanaged_directories(self.layout, [m.dest for m in self.manifests.all()])
+        """Start an inventory pass in the background; one runs at a time, a request meanwhile runs one more."""
+        self._inventory_keys = keys
+        if self._inventory_task is None or self._inventory_task.done():
+            self._inventory_task = asyncio.get_running_loop().create_task(self._run_inventory(), name="inventory")
+
+    async def _run_inventory(self) -> None:
+        while self._inventory_keys is not None:
+            keys, self._inventory_keys = self._inventory_keys, None
+            try:
+                await self._inventory_pass(keys)
+            except Exception as exc:
+                self.supervisor.report("inventory", exc)
+            else:
+                self.supervisor.ok("inventory")
+
+    async def _inventory_pass(self, keys: set[str]) -> None:
+        """Report unmanaged directories; delete staging areas no model or download owns.
+
+        The walks and deletes run in threads; the decision which staging is stale is taken on the loop from
+        the model keys and downloads of that instant, and each stale area is renamed away right then.
+        """
+        self.unmanaged = await asyncio.to_thread(
+            lambda: unmanaged_directories(self.layout, [m.dest for m in self.manifests.all()])
+        )
         self.metrics.unmanaged.set(len(self.unmanaged))
-        keep = {token_for(k) for k in keys} | {token_for(j.key) for j in self.fetcher.jobs()}
-        for stale in stale_staging(self.layout, keep):
-            shutil.rmtree(stale, ignore_errors=True)
-            log.info("stale staging area removed", path=str(stale))
+        # Fresh facts for the destructive part: the keys known now (a model may have appeared during the walk).
+        known = keys | {r.key for r in self._cached_refs()}
+        keep = {token_for(k) for k in known} | {token_for(j.key) for j in self.fetcher.jobs()}
+        for root, stale in stale_staging(self.layout, keep):
+            if discard(root, stale) is not None:
+                log.info("stale staging area removed", path=str(stale))
+        await asyncio.to_thread(delete_discarded, self.layout)  # these, and whatever a kill left mid-delete
 
     # ------------------------------------------------------------------------------------- lifecycle
 
@@ -366,38 +430,40 @@ class Agent:
             spread = zlib.crc32(self.settings.node_name.encode()) % 1000 / 1000 * self.settings.startup_jitter_s
             await asyncio.sleep(spread)
         for reflector in self.reflectors:
-            self._tasks.append(asyncio.create_task(reflector.run(), name=f"reflector {reflector.name}"))
+            self.supervisor.spawn(f"reflector {reflector.name}", reflector.run, recovered=_progressed_since(reflector))
         await asyncio.gather(*(r.synced.wait() for r in self.reflectors))
         if self.node.store.get(self.settings.node_name) is None:
             log.error("this agent's Node does not exist", node=self.settings.node_name)
         self.started.set()
         for i in range(self.settings.workers):
             self._workers.append(asyncio.create_task(self._worker(), name=f"worker {i}"))
-        self._tasks.append(
-            asyncio.create_task(self._periodic(self.settings.resync_interval_s, self.enqueue_all), name="resync")
-        )
-        self._tasks.append(
-            asyncio.create_task(
-                self._periodic(min(60.0, max(1.0, self.settings.trash_grace_s / 10)), self._purge),
-                name="purge",
-            )
-        )
-        self._tasks.append(asyncio.create_task(self._tick(), name="loop tick"))
-        self._tasks.append(
-            asyncio.create_task(self._periodic(self.settings.verify_interval_s, self._start_verify), name="verify")
-        )
+        self._spawn_periodic("resync", self.settings.resync_interval_s, self._resync)
+        self._spawn_periodic("purge", min(60.0, max(1.0, self.settings.trash_grace_s / 10)), self._purge)
+        self._spawn_periodic("verify", self.settings.verify_interval_s, self._verify_pass)
+        self.supervisor.spawn("loop tick", self._tick)
         self.enqueue_all()
         log.info("agent started", node=self.settings.node_name, models=len(self.known_keys()))
 
     async def _tick(self) -> None:
-        ticks = 0
+        """Every ``LOOP_TICK_S``: record how late the loop woke (its lag); every second the queue depth and
+        supervision gauges, every five the model counts."""
+        window = LagWindow(60.0)
+        last_gauges = last_states = 0.0
         while True:
-            self.last_loop_tick = time.monotonic()
-            self.metrics.queue_depth.set(self.queue.depth + self.queue.delayed_count)
-            if ticks % 5 == 0:
+            before = time.monotonic()
+            await asyncio.sleep(LOOP_TICK_S)
+            now = time.monotonic()
+            self.last_loop_tick = now
+            lag = max(0.0, now - before - LOOP_TICK_S)
+            self.metrics.loop_lag.observe(lag)
+            self.metrics.loop_lag_max.set(window.add(now, lag))
+            if now - last_gauges >= 1.0:
+                last_gauges = now
+                self.metrics.queue_depth.set(self.queue.depth + self.queue.delayed_count)
+                self.metrics.tasks_down.set(len(self.supervisor.down()))
+            if now - last_states >= 5.0:
+                last_states = now
                 self._count_states()
-            ticks += 1
-            await asyncio.sleep(1.0)
 
     def _count_states(self) -> None:
         """``model_agent_models{state}``: this node's model labels by value."""
@@ -407,14 +473,25 @@ class Agent:
         for state, n in counts.items():
             self.metrics.models.labels(state).set(n)
 
-    async def _periodic(self, interval_s: float, fn: Any) -> None:
+    def _spawn_periodic(self, name: str, interval_s: float, one_pass: Callable[[], Awaitable[None]]) -> None:
+        self.supervisor.spawn(name, lambda: self._periodic(name, interval_s, one_pass))
+
+    async def _periodic(self, name: str, interval_s: float, one_pass: Callable[[], Awaitable[None]]) -> None:
+        """Run ``one_pass`` every ``interval_s`` (jittered ±10 %); a failed pass is reported to the supervisor
+        (logged with its traceback, counted, ``/healthz`` red until a pass succeeds) and the next one runs on
+        schedule."""
         rng = random.Random()
         while True:
             await asyncio.sleep(interval_s * (0.9 + 0.2 * rng.random()))
             try:
-                fn()
-            except Exception:
-                log.exception("periodic task failed")
+                await one_pass()
+            except Exception as exc:
+                self.supervisor.report(name, exc)
+            else:
+                self.supervisor.ok(name)
+
+    async def _resync(self) -> None:
+        self.enqueue_all()
 
     async def verify(self, keys: list[str] | None = None) -> dict[str, list[str]]:
         """Re-hash the files of the given models (all when None); damaged ones are refetched. Path -> damage."""
@@ -459,16 +536,21 @@ class Agent:
                     await asyncio.to_thread(self.manifests.save, current, self.layout.record_root(Path(current.dest)))
         return report
 
-    def _start_verify(self) -> None:
-        async def scheduled() -> None:
-            await self.verify()
+    async def _verify_pass(self) -> None:
+        """The scheduled re-hash of every model (in the supervised periodic task: a failure is logged)."""
+        await self.verify()
 
-        self._tasks.append(asyncio.get_running_loop().create_task(scheduled(), name="scheduled verify"))
+    async def _purge(self) -> None:
+        """Delete expired trash, in a thread (whole models: seconds of rmtree that must not stall the loop).
 
-    def _purge(self) -> None:
+        The breaker is asked before each entry: a breaker that opens while a purge runs stops it, since a
+        held mass removal must stay recoverable."""
         if self.breaker.is_open:
-            return  # a held mass removal must stay recoverable
-        for entry in self.trash.purge_expired(self.settings.trash_grace_s):
+            return
+        purged = await asyncio.to_thread(
+            self.trash.purge_expired, self.settings.trash_grace_s, keep_going=lambda: not self.breaker.is_open
+        )
+        for entry in purged:
             self.metrics.purged.inc()
             log.info("trash purged", key=entry.manifest.key, dest=entry.manifest.dest)
 
@@ -498,10 +580,10 @@ class Agent:
                 self.queue.done(key)
 
     async def stop(self) -> None:
-        for task in self._tasks:
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
-        self._tasks.clear()
+        await self.supervisor.stop()
+        if self._inventory_task is not None:
+            self._inventory_task.cancel()
+            await asyncio.gather(self._inventory_task, return_exceptions=True)
         drained = await self.queue.shutdown_with_drain(SHUTDOWN_DRAIN_S)
         if not drained:
             log.info("stopping with work in flight; it resumes from local state on restart")
@@ -577,6 +659,11 @@ class Agent:
 
     def synced(self) -> bool:
         return all(r.synced.is_set() for r in self.reflectors)
+
+
+def _progressed_since(reflector: Reflector) -> Recovered:
+    """A restarted reflector works again once it made progress (a LIST or an event) after its failure."""
+    return lambda failed_at: reflector.last_progress > failed_at
 
 
 def _ref_from_configmap_key(key: str) -> ModelRef | None:

@@ -2,7 +2,8 @@
 
 Flags are OME's (same names and defaults) plus this project's safety knobs; each also reads
 ``MODEL_AGENT_<NAME>`` from the environment. SIGTERM/SIGINT stop it in order within a few seconds; partial
-downloads are kept for resume. Exit codes: 0 after a clean stop, 2 for bad configuration.
+downloads are kept for resume. Exit codes: 0 after a clean stop, 1 when start-up failed (logged with its
+traceback), 2 for bad configuration.
 """
 
 from __future__ import annotations
@@ -177,6 +178,7 @@ async def _main(settings: Settings) -> int:
             status=agent.status_snapshot,
             verify=agent.verify,
             rbac_problem=agent.rbac_problem,
+            background_problem=agent.supervisor.problem,
         ),
         "0.0.0.0",
         settings.port,
@@ -185,8 +187,13 @@ async def _main(settings: Settings) -> int:
     starting = asyncio.create_task(agent.start())
     stopper = asyncio.create_task(stop.wait())
     await asyncio.wait({starting, stopper}, return_when=asyncio.FIRST_COMPLETED)
+    code = 0
     if not starting.done():
         starting.cancel()
+    elif starting.exception() is not None:
+        # Nothing runs without a start: say why, stop in order, and exit non-zero so the pod restarts.
+        log.error("agent start failed", exc_info=starting.exception())
+        code = 1
     else:
         await stop.wait()
     log.info("stopping")
@@ -194,4 +201,4 @@ async def _main(settings: Settings) -> int:
     await health.stop()
     await client.close()
     log.info("stopped")
-    return 0
+    return code

@@ -11,8 +11,10 @@ a live read before acting on it. The store itself never triggers anything destru
 The store also remembers, per key, when it last *heard* of it (:class:`Heard`: an upsert, a relist, a
 delete — deletes leave a tombstone) and the resourceVersion it heard. :meth:`Store.repair` uses it: a live
 read (a confirmation GET or LIST) may put an object back into the cache only if the key is absent and the
-read *started after* the last thing heard of that key. A read that started earlier may predate a delete
-heard meanwhile, and re-inserting it would resurrect a deleted object until the next relist. The rule is
+read *started after* the last thing heard of that key — and after the last relist, which speaks for every
+key (a key it lacks was absent then, whether or not the store had it). A read that started earlier may
+predate a delete heard meanwhile (by an event, or by a relist that no longer lists the object), and
+re-inserting it would resurrect a deleted object until the next relist. The rule is
 the heard time, not a resourceVersion comparison: resourceVersions are opaque strings to clients (that
 they compare as integers is an etcd implementation detail), while "the read began after the event reached
 us" holds with any server, since a consistent read reflects at least every write that was already
@@ -79,6 +81,7 @@ class Store:
         self._clock = clock
         self._tombstone_ttl_s = tombstone_ttl_s
         self._pruned_at = clock()
+        self.listed_at: float | None = None  # clock time of the last replace(): a relist hears of every key
 
     def __len__(self) -> int:
         return len(self._items)
@@ -117,6 +120,7 @@ class Store:
     def replace(self, objs: Iterable[Obj]) -> list[Change]:
         """Install a complete list; return a change per added/updated key and per vanished key."""
         now = self._clock()
+        self.listed_at = now
         fresh = {object_key(o): o for o in objs}
         changes: list[Change] = []
         for key, gone in self._items.items():
@@ -145,6 +149,8 @@ class Store:
         heard = self._heard.get(key)
         if heard is not None and heard.at >= read_started:
             return False
+        if self.listed_at is not None and self.listed_at >= read_started:
+            return False  # a relist since the read began did not list it: absent, as far as anything newer says
         self._items[key] = obj
         self._heard[key] = Heard(now, resource_version(obj), deleted=False)
         return True

@@ -7,15 +7,23 @@ by another tool, or by an older agent. They show in ``model-agent status`` and t
 
 :func:`stale_staging` lists staging areas that belong to no known model and no running download (left by a
 kill during a fetch of a model that has since gone): staging is the agent's own scratch space, so those are
-safe to delete.
+safe to delete. The caller decides on the event loop, from facts of that instant, and :func:`discard` moves
+each one out of ``staging/`` at once (one rename: a download starting a moment later finds no half-deleted
+directory under its name); the slow delete of what was moved (:func:`delete_discarded`, also whatever a kill
+left there) runs in a thread. Everything here but :func:`discard` walks or deletes trees: call it off the loop.
 """
 
 from __future__ import annotations
 
+import os
+import shutil
+import uuid
 from collections.abc import Iterable
 from pathlib import Path
 
-from model_agent.local.layout import PRIVATE_DIR, Layout
+from model_agent.local.layout import PRIVATE_DIR, Layout, Root
+
+DISCARD_DIR = "discard"  # <root>/.model-agent/discard: staging areas being deleted
 
 
 def unmanaged_directories(layout: Layout, dests: Iterable[str], *, max_depth: int = 3) -> list[Path]:
@@ -42,10 +50,36 @@ def unmanaged_directories(layout: Layout, dests: Iterable[str], *, max_depth: in
     return sorted(found)
 
 
-def stale_staging(layout: Layout, keep_tokens: set[str]) -> list[Path]:
-    stale: list[Path] = []
+def stale_staging(layout: Layout, keep_tokens: set[str]) -> list[tuple[Root, Path]]:
+    """Staging areas whose token is not kept, with the root they are in (one directory listing per root)."""
+    stale: list[tuple[Root, Path]] = []
     for root in layout.roots:
         if not root.staging.is_dir():
             continue
-        stale.extend(p for p in sorted(root.staging.iterdir()) if p.name not in keep_tokens)
+        stale.extend((root, p) for p in sorted(root.staging.iterdir()) if p.name not in keep_tokens)
     return stale
+
+
+def discard(root: Root, staging: Path) -> Path | None:
+    """Move one staging area into ``<private>/discard/`` (a rename, same filesystem); None if it is gone."""
+    area = root.private / DISCARD_DIR
+    area.mkdir(parents=True, exist_ok=True)
+    target = area / f"{staging.name}-{uuid.uuid4().hex[:8]}"
+    try:
+        os.rename(staging, target)
+    except FileNotFoundError:
+        return None
+    return target
+
+
+def delete_discarded(layout: Layout) -> list[Path]:
+    """Delete everything in every root's discard area (blocking); the paths deleted."""
+    deleted: list[Path] = []
+    for root in layout.roots:
+        area = root.private / DISCARD_DIR
+        if not area.is_dir():
+            continue
+        for path in sorted(area.iterdir()):
+            shutil.rmtree(path, ignore_errors=True)
+            deleted.append(path)
+    return deleted

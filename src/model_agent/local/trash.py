@@ -57,9 +57,24 @@ class TrashEntry:
         }
 
 
+PURGING = "purging"  # <id>/purging: data being deleted by a purge (no longer restorable)
+
+
+@dataclass(frozen=True)
+class _Summary:
+    """What :meth:`Trash.find_restorable` filters on, remembered per entry so a decision reads no entry file."""
+
+    stamp: tuple[int, int, int]  # entry.json's (inode, mtime_ns, size): a rewritten or reused entry re-reads
+    storage_uri: str
+    dest: str
+    revision: str
+    quarantined_at: float
+
+
 class Trash:
     def __init__(self, layout: Layout) -> None:
         self.layout = layout
+        self._summaries: dict[Path, _Summary] = {}  # entry directory -> summary
 
     def _confined(self, dest: Path) -> None:
         """Re-check, right before a rename, that no directory above ``dest`` became a symlink out of the roots.
@@ -99,12 +114,62 @@ class Trash:
             if not root.trash.is_dir():
                 continue
             for directory in sorted(root.trash.iterdir()):
-                try:
-                    raw = json.loads((directory / "entry.json").read_text())
-                    manifest = Manifest.from_json(json.dumps(raw["manifest"]))
-                    yield TrashEntry(directory.name, root, manifest, float(raw["quarantinedAt"]), str(raw["reason"]))
-                except (OSError, ValueError, KeyError, TypeError):
-                    continue
+                entry = self._load(root, directory)
+                if entry is not None:
+                    yield entry
+
+    @staticmethod
+    def _load(root: Root, directory: Path) -> TrashEntry | None:
+        try:
+            raw = json.loads((directory / "entry.json").read_text())
+            manifest = Manifest.from_json(json.dumps(raw["manifest"]))
+            return TrashEntry(directory.name, root, manifest, float(raw["quarantinedAt"]), str(raw["reason"]))
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+
+    def _candidates(self, storage_uri: str, dest: str) -> list[tuple[float, Root, Path]]:
+        """Entries whose summary names this source and destination, newest first.
+
+        Cost per call: one directory listing and one ``stat`` per entry; an entry file is read only when it
+        is new or changed (a reconcile decision asks this for every model, and entry files hold whole
+        manifests). A summary can be stale only by naming a wrong entry, which the caller's fresh load
+        rejects: it never makes a wrong entry restorable.
+        """
+        found: list[tuple[float, Root, Path]] = []
+        seen: set[Path] = set()
+        for root in self.layout.roots:
+            try:
+                names = os.listdir(root.trash)
+            except OSError:
+                continue
+            for name in names:
+                directory = root.trash / name
+                seen.add(directory)
+                summary = self._summary(root, directory)
+                if summary is not None and summary.storage_uri == storage_uri and summary.dest == dest:
+                    found.append((summary.quarantined_at, root, directory))
+        for gone in set(self._summaries) - seen:
+            del self._summaries[gone]
+        found.sort(key=lambda c: c[0], reverse=True)
+        return found
+
+    def _summary(self, root: Root, directory: Path) -> _Summary | None:
+        try:
+            st = (directory / "entry.json").stat()
+        except OSError:
+            self._summaries.pop(directory, None)
+            return None
+        stamp = (st.st_ino, st.st_mtime_ns, st.st_size)
+        known = self._summaries.get(directory)
+        if known is not None and known.stamp == stamp:
+            return known
+        entry = self._load(root, directory)
+        if entry is None:
+            return None
+        m = entry.manifest
+        summary = _Summary(stamp, m.storage_uri, m.dest, m.revision or "", entry.quarantined_at)
+        self._summaries[directory] = summary
+        return summary
 
     def find_restorable(
         self,
@@ -119,8 +184,10 @@ class Trash:
         With ``accept``, only an entry whose manifest it accepts (the reconciler restores only to the owner
         that fetched the copy: :func:`model_agent.agent.ownership.may_restore`).
         """
-        best: TrashEntry | None = None
-        for entry in self.entries():
+        for _, root, directory in self._candidates(storage_uri, dest):
+            entry = self._load(root, directory)  # fresh: the summary only chose where to look
+            if entry is None:
+                continue
             m = entry.manifest
             if m.storage_uri != storage_uri or m.dest != dest or not entry.data.exists():
                 continue
@@ -128,9 +195,8 @@ class Trash:
                 continue
             if revision is not None and m.revision != revision:
                 continue
-            if best is None or entry.quarantined_at > best.quarantined_at:
-                best = entry
-        return best
+            return entry
+        return None
 
     def restore(self, entry: TrashEntry) -> None:
         """Rename the data back to its destination (which must not exist) and drop the entry."""
@@ -143,19 +209,37 @@ class Trash:
         shutil.rmtree(entry.directory, ignore_errors=True)
 
     def purge(self, entry: TrashEntry) -> None:
-        # Remove the data first, the entry last: a kill in between leaves an entry without data,
-        # which the next purge removes.
-        if entry.data.exists():
-            shutil.rmtree(entry.data, ignore_errors=True)
+        """Delete an entry for good. Safe to run in a thread while the event loop restores entries.
+
+        The data is first renamed to ``<id>/purging`` (atomic): from then on a restore cannot find it
+        (``find_restorable`` checks ``data`` exists, and a restore's rename fails), and a restore that won the
+        race has already moved it out, so this rename fails and nothing restored is touched — a plain rmtree of
+        ``data`` could go on deleting files in a directory renamed back to its destination mid-walk. Then the
+        data is deleted, the entry file last: a kill in between leaves an entry without data (or a half-deleted
+        ``purging``), which the next purge removes.
+        """
+        doomed = entry.directory / PURGING
+        with contextlib.suppress(FileNotFoundError):  # restored meanwhile, or a purge interrupted after this
+            os.rename(entry.data, doomed)
+        shutil.rmtree(doomed, ignore_errors=True)
         with contextlib.suppress(FileNotFoundError):
             (entry.directory / "entry.json").unlink()
         shutil.rmtree(entry.directory, ignore_errors=True)
 
-    def purge_expired(self, grace_s: float, now: float | None = None) -> list[TrashEntry]:
+    def purge_expired(
+        self, grace_s: float, now: float | None = None, *, keep_going: Callable[[], bool] | None = None
+    ) -> list[TrashEntry]:
+        """Purge every entry older than ``grace_s``; blocking (whole models), so callers run it in a thread.
+
+        ``keep_going`` is asked before each entry; False stops the pass (the delete breaker opened).
+        """
         now = time.time() if now is None else now
         purged = []
         for entry in self.entries():
-            if now - entry.quarantined_at >= grace_s:
-                self.purge(entry)
-                purged.append(entry)
+            if now - entry.quarantined_at < grace_s:
+                continue
+            if keep_going is not None and not keep_going():
+                break
+            self.purge(entry)
+            purged.append(entry)
         return purged

@@ -8,7 +8,9 @@ Unlike OME's (whose liveness always succeeds), every check here can fail:
 * ``/healthz`` (and ``/healthz/model-agent-health``) — each models root exists, is a directory and is
   writable, the API server answered within the last ``api_fresh_s`` (checked with ``/version``), and no
   request was denied (401/403) in the last 10 minutes — an agent whose RBAC lacks ``get`` on the model kinds
-  can never confirm a removal, and says so here, in an Event on its Node and in ``model_agent_rbac_denied``.
+  can never confirm a removal, and says so here, in an Event on its Node and in ``model_agent_rbac_denied``;
+  and every supervised background task (reflectors, resync, purge, verify, loop tick) runs: one that ended
+  unexpectedly is named here until it has restarted and works again (``model_agent_background_tasks_down``).
 
 Add ``?verbose`` for one line per check. Failures answer HTTP 500.
 """
@@ -41,6 +43,8 @@ class HealthSources:
     status: Callable[[], dict[str, Any]] = dict
     verify: Callable[[list[str] | None], Awaitable[dict[str, list[str]]]] | None = None
     rbac_problem: Callable[[], str | None] = lambda: None
+    # Supervised background tasks that ended unexpectedly and have not recovered yet (None: all run).
+    background_problem: Callable[[], str | None] = lambda: None
     stale_after_s: float = 900.0
     api_fresh_s: float = 30.0
 
@@ -131,6 +135,7 @@ class HealthServer:
             checks.append(("model-agent-health", why))
         checks.append(("api-server", await self._api_check()))
         checks.append(("rbac", self.s.rbac_problem()))
+        checks.append(("background-tasks", self.s.background_problem()))
         return self._answer(req, checks, "healthz")
 
     async def _api_check(self) -> str | None:

@@ -14,6 +14,7 @@ MODEL_LABELS = ("model_type", "namespace", "name")
 _DURATION_BUCKETS = tuple(0.1 * 2**k for k in range(10))
 _WAIT_BUCKETS = tuple(float(2**k) for k in range(10))
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+_LAG_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 
 
 class Metrics:
@@ -104,6 +105,27 @@ class Metrics:
         )
         self.rbac_denied = Counter(
             "model_agent_rbac_denied", "API requests denied (401/403) by resource", ("resource",), registry=r
+        )
+        # --- runtime robustness: supervised background tasks and event-loop responsiveness
+        self.task_failures = Counter(
+            "model_agent_background_task_failures",
+            "Unexpected ends of a supervised background task (each is logged and restarted)",
+            ("component",),
+            registry=r,
+        )
+        self.tasks_down = Gauge(
+            "model_agent_background_tasks_down", "Supervised background tasks down right now", registry=r
+        )
+        self.loop_lag = Histogram(
+            "model_agent_event_loop_lag_seconds",
+            "How late the event loop woke for each loop-tick sleep (every 0.1 s): blocking work on the loop",
+            buckets=_LAG_BUCKETS,
+            registry=r,
+        )
+        self.loop_lag_max = Gauge(
+            "model_agent_event_loop_lag_max_seconds",
+            "The worst event-loop lag seen within the last minute",
+            registry=r,
         )
 
     def observe_api(self, verb: str, resource: str, status: int, seconds: float) -> None:
