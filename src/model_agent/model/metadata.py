@@ -167,8 +167,12 @@ _ALWAYS_VISION_TYPES: Final = frozenset(
 )  # fmt: skip
 _EMBEDDING_TYPES: Final = frozenset({"bert"})
 # Context-length keys tried before the generic ones, per model type.
+# Qwen v1 and Qwen3 read ``seq_length`` first like OME: for Qwen-7B it is the trained window (8192) while
+# ``max_position_embeddings`` (32768) is only the RoPE table; serving engines take the smaller too.
 _CONTEXT_KEYS_FIRST: Final[Mapping[str, tuple[str, ...]]] = {
+    "qwen": ("seq_length",),
     "qwen2": ("seq_length",),
+    "qwen3": ("seq_length",),
     "chatglm": ("seq_length",),
     "baichuan": ("model_max_length",),
     "dbrx": ("max_seq_len",),
@@ -176,6 +180,32 @@ _CONTEXT_KEYS_FIRST: Final[Mapping[str, tuple[str, ...]]] = {
 # dtype assumed for the size estimate when the config names none.
 _DEFAULT_SIZE_DTYPE: Final[Mapping[str, str]] = {"chatglm": "float16"}
 _NESTED_LLM_KEYS: Final = ("text_config", "llm_config", "language_config")
+# Architecture written when a config has no ``architectures`` list: the class transformers (or the
+# model's remote code) loads for that type, the name OME's loaders fill in. Not for mistral: OME's
+# "MistralModel" default would turn every list-less mistral checkpoint into an embedding model.
+_DEFAULT_ARCHITECTURE: Final[Mapping[str, str]] = {
+    "dbrx": "DbrxForCausalLM",
+    "deepseek_vl_v2": "DeepseekVLV2ForCausalLM",
+    "janus": "JanusMultiModalityCausalLM",
+    "llama": "LlamaForCausalLM",
+    "llama4": "Llama4ForConditionalGeneration",
+    "multi_modality": "JanusMultiModalityCausalLM",
+}
+# Checkpoints whose size OME states from a (hidden_size, num_hidden_layers) match when no safetensors can
+# be read: the published nominal sizes, which the dimension formula misses by several percent (it says
+# 65.48B for Llama 3 70B). A 685B DeepSeek-V3 is 671B of main model and 14B of multi-token prediction.
+_KNOWN_SIZES: Final[Mapping[str, Mapping[tuple[int, int], int]]] = {
+    "llama": {
+        (8192, 80): 70_000_000_000,
+        (16384, 126): 405_000_000_000,
+        (3072, 28): 3_000_000_000,
+        (2048, 16): 1_000_000_000,
+    },
+    "deepseek_v3": {(7168, 61): 685_000_000_000},
+    "mistral": {(4096, 32): 7_000_000_000},
+    "qwen": {(4096, 32): 7_000_000_000, (5120, 40): 14_000_000_000, (8192, 80): 72_000_000_000},
+    "qwen3": {(2560, 36): 4_000_000_000},
+}
 
 # Gemma 3 multimodal checkpoints omit max_position_embeddings and rely on transformers' default.
 _GEMMA3_DEFAULT_CONTEXT: Final = 131072
@@ -224,30 +254,34 @@ class MetadataError(Exception):
 
 @dataclass(frozen=True)
 class ModelFramework:
-    """``modelFramework``: e.g. ``transformers`` 4.43.0; ``version`` is None when the config has none."""
+    """``modelFramework``: e.g. ``transformers`` 4.43.0.
+
+    ``version`` None omits the key (a transformers config without ``transformers_version``); a string,
+    even ``""``, is written (a diffusers index without ``_diffusers_version``: OME writes ``"version":""``).
+    """
 
     name: str
     version: str | None = None
 
     def to_json(self) -> dict[str, str]:
         out = {"name": self.name}
-        if self.version:
+        if self.version is not None:
             out["version"] = self.version
         return out
 
 
 @dataclass(frozen=True)
 class ModelFormat:
-    """``modelFormat``: ``safetensors`` 1.0.0, or ``diffusers`` with the pipeline's diffusers version."""
+    """``modelFormat``: ``safetensors`` 1.0.0, or ``diffusers`` with the pipeline's diffusers version.
+
+    ``version`` is always written, ``""`` included (OME sets the pointer for both formats).
+    """
 
     name: str
     version: str
 
     def to_json(self) -> dict[str, str]:
-        out = {"name": self.name}
-        if self.version:
-            out["version"] = self.version
-        return out
+        return {"name": self.name, "version": self.version}
 
 
 @dataclass(frozen=True)
@@ -902,6 +936,63 @@ def _estimate_parameters(raw: Mapping[str, Any], nested: Mapping[str, Any]) -> i
     return total if total <= _INT64_MAX else 0
 
 
+def _sub_object(raw: Mapping[str, Any], key: str) -> Mapping[str, Any]:
+    value = raw.get(key)
+    return value if isinstance(value, dict) else {}
+
+
+def _dbrx_parameters(raw: Mapping[str, Any]) -> int:
+    """DBRX from its own keys (``d_model``, ``n_layers``, ``ffn_config``, ``attn_config``), which the
+    generic formula does not read (it would say 0).
+
+    Embeddings and an untied head, grouped-query attention (``kv_n_heads``), and per layer
+    ``moe_num_experts`` gated experts of three ``d_model × ffn_hidden_size`` matrices plus the router:
+    131.6B for the published 40-layer checkpoints (132B nominal). OME hard-codes 132B for a 48-layer
+    shape no checkpoint has, and its fallback counts two matrices per expert (91.8B for the real one).
+    """
+    hidden = _as_int(raw.get("d_model"))
+    layers = _as_int(raw.get("n_layers"))
+    if not hidden or not layers:
+        return 0
+    ffn = _sub_object(raw, "ffn_config")
+    attn = _sub_object(raw, "attn_config")
+    experts = _as_int(ffn.get("moe_num_experts")) or 1
+    ffn_hidden = _as_int(ffn.get("ffn_hidden_size")) or 4 * hidden
+    heads = _as_int(raw.get("n_heads"))
+    kv_heads = _as_int(attn.get("kv_n_heads"))
+    kv_dim = kv_heads * (hidden // heads) if heads and kv_heads else hidden
+    vocab = _as_int(raw.get("vocab_size"))
+    per_layer = 2 * hidden * hidden + 2 * hidden * kv_dim + experts * 3 * hidden * ffn_hidden + hidden * experts
+    per_layer += 2 * hidden
+    tied = raw.get("tie_word_embeddings") is True
+    total = vocab * hidden * (1 if tied else 2) + layers * per_layer + hidden
+    return total if total <= _INT64_MAX else 0
+
+
+def _known_size(model_type: str, raw: Mapping[str, Any]) -> int:
+    """A published checkpoint's nominal size, recognised by its dimensions (:data:`_KNOWN_SIZES`)."""
+    table = _KNOWN_SIZES.get(model_type)
+    if not table:
+        return 0
+    return table.get((_as_int(raw.get("hidden_size")), _as_int(raw.get("num_hidden_layers"))), 0)
+
+
+def _llama4_float8(raw: Mapping[str, Any]) -> bool:
+    """An FP8 Llama 4 checkpoint (compressed-tensors ``float-quantized``, 8-bit float weights in
+    ``group_0``): its weights take one byte each whatever ``torch_dtype`` says, so the dtype is
+    ``float8``, as OME reports it."""
+    quant = raw.get("quantization_config")
+    if not isinstance(quant, dict) or quant.get("format") != "float-quantized":
+        return False
+    groups = quant.get("config_groups")
+    group = groups.get("group_0") if isinstance(groups, dict) else None
+    weights = group.get("weights") if isinstance(group, dict) else None
+    if not isinstance(weights, dict):
+        return False
+    bits = weights.get("num_bits")
+    return _is_int(bits) and bits == 8 and weights.get("type") == "float"
+
+
 def _gemma3_context_length(raw: Mapping[str, Any], text: Mapping[str, Any]) -> int:
     """Gemma 3 (multimodal) context length.
 
@@ -967,6 +1058,8 @@ def _load_transformers(raw: dict[str, Any], config_path: Path, root: Path) -> _F
     architectures = raw.get("architectures")
     if isinstance(architectures, list) and architectures:
         facts.architecture = _as_str(architectures[0])
+    if not facts.architecture:
+        facts.architecture = _DEFAULT_ARCHITECTURE.get(facts.model_type, "")
     facts.transformers_version = _as_str(raw.get("transformers_version")) or _as_str(nested.get("transformers_version"))
     # transformers >= 4.56 writes "dtype" where older versions wrote "torch_dtype".
     facts.torch_dtype = next(
@@ -982,6 +1075,8 @@ def _load_transformers(raw: dict[str, Any], config_path: Path, root: Path) -> _F
         ),
         "",
     )
+    if facts.model_type == "llama4" and _llama4_float8(raw):
+        facts.torch_dtype = "float8"
     facts.size_dtype = facts.torch_dtype or _DEFAULT_SIZE_DTYPE.get(facts.model_type, "")
     facts.context_length = _context_length(facts.model_type, raw, nested)
     facts.has_vision = (
@@ -1000,7 +1095,10 @@ def _load_transformers(raw: dict[str, Any], config_path: Path, root: Path) -> _F
     if counted > 0:
         facts.parameter_count, facts.parameter_count_source = counted, "safetensors"
     else:
-        estimate = _estimate_parameters(raw, nested)
+        if facts.model_type == "dbrx":
+            estimate = _dbrx_parameters(raw)
+        else:
+            estimate = _known_size(facts.model_type, raw) or _estimate_parameters(raw, nested)
         if estimate > 0:
             facts.parameter_count, facts.parameter_count_source = estimate, "estimate"
     return facts
@@ -1161,7 +1259,7 @@ def _assemble(facts: _Facts, config_path: Path, total_size_bytes: int | None) ->
     pipeline = facts.pipeline
     if pipeline is not None:
         version = pipeline.diffusers_version
-        framework = ModelFramework("diffusers", version or None)
+        framework = ModelFramework("diffusers", version)
         model_format = ModelFormat("diffusers", version)
         quantization = None
     else:
@@ -1175,11 +1273,14 @@ def _assemble(facts: _Facts, config_path: Path, total_size_bytes: int | None) ->
         is_embedding=facts.is_embedding,
         is_diffusers=pipeline is not None,
     )
+    # The entry must not contradict itself: a model classified EMBEDDING by its architecture (e.g. an
+    # e5-mistral ``MistralModel``) is an embedding model in ``decodedModelConfiguration`` too.
+    is_embedding = facts.is_embedding or capabilities == [CAPABILITY_EMBEDDING]
     decoded: dict[str, Any] = {
         "architecture": facts.architecture,
         "context_length": context,
         "has_vision": facts.has_vision,
-        "is_embedding": facts.is_embedding,
+        "is_embedding": is_embedding,
         "model_size_bytes": size_bytes,
         "model_type": facts.model_type,
         "parameter_count": size_text,
@@ -1200,7 +1301,7 @@ def _assemble(facts: _Facts, config_path: Path, total_size_bytes: int | None) ->
         diffusion_pipeline=pipeline,
         config_path=config_path,
         has_vision=facts.has_vision,
-        is_embedding=facts.is_embedding,
+        is_embedding=is_embedding,
         parameter_count_source=facts.parameter_count_source if params > 0 else "none",
         warnings=tuple(facts.warnings),
     )
