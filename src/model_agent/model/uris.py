@@ -8,8 +8,11 @@ Contract:
 
 * :func:`storage_type` tests the prefixes in OME's order (``oci://``, ``pvc://``, ``vendor://``,
   ``hf://``, ``s3://``, ``az://``, ``gs://``, ``github://``, ``local://``); prefixes are case-sensitive.
-* Each ``parse_*`` accepts at least what OME's parser accepts for well-formed input and splits it the
-  same way; :func:`parse_storage_uri` dispatches on the type.
+* Each ``parse_*`` accepts what OME's parser accepts *and OME then downloads correctly*, and splits it the
+  same way (bucket, prefix, revision); :func:`parse_storage_uri` dispatches on the type. A form OME
+  accepts but cannot use (it lists nothing, asks the hub for a repository that cannot exist, or misreads
+  an ``@``) is refused here, and the reason says what to write instead.
+  ``tests/unit/test_uri_golden.py`` is the table of every form and its parse or refusal.
 * Stricter than OME, everywhere: a URI containing an ASCII control character (NUL, CR, LF, TAB, DEL
   ...) is rejected — such a value can only be a mistake and would end up in URLs, object names, log
   lines or file paths. Spaces are allowed where the scheme allows them (object prefixes, local paths).
@@ -148,7 +151,7 @@ class VendorUri:
 
 @dataclass(frozen=True, slots=True)
 class GithubUri:
-    """``github://{owner}/{repo}[@{tag}]``; ``tag`` defaults to ``latest``."""
+    """``github://{owner}/{repo}[@{tag}]``; ``tag`` defaults to ``latest`` (``""`` after a bare ``@``)."""
 
     owner: str
     repo: str
@@ -172,35 +175,48 @@ def parse_storage_uri(uri: str) -> StorageUri:
 
 
 def parse_hf_uri(uri: str) -> HfUri:
-    """Parse ``hf://{repo_id}[@{revision}]``; no ``@`` means revision ``main``.
+    """Parse ``hf://{repo_id}[@{revision}]``; no revision (no ``@``, or nothing after it) means ``main``.
 
-    Stricter than OME (which only requires a non-empty id):
+    Like OME, everything before the first ``@`` is the repository and everything after it the revision;
+    a trailing ``@`` with nothing after it is the default branch, as the hub's clients read an empty
+    revision. Stricter than OME (which only requires a non-empty id and then fails at the hub):
 
     * the repo id is ``name`` or ``owner/name``, each part made of ASCII letters, digits, ``_``, ``-``,
       ``.``, starting and ending with a letter, digit or ``_``, at most 96 characters, with no ``..``
       and no ``--`` — huggingface_hub's own rule, so a rejected id could never have been downloaded; in
       particular an empty id, ``..`` segments, empty segments and query strings are refused;
-    * a revision after ``@`` must be non-empty and may not contain ``..`` or empty path segments, nor
-      ``?``, ``#``, ``%`` or ``\\`` — it is placed raw in URL paths.
+    * a revision may not contain ``..`` or empty path segments, nor ``?``, ``#``, ``%`` or ``\\`` — it is
+      placed raw in URL paths.
     """
     rest = _remainder(uri, StorageType.HUGGINGFACE)
     repo_id, at, revision = rest.partition("@")
     if not repo_id:
-        raise InvalidStorageUri(f"Hugging Face URI {_shown(uri)} has an empty repository id")
-    parts = repo_id.split("/")
-    if len(parts) > 2 or not all(_HF_REPO_PART.fullmatch(part) for part in parts) or ".." in repo_id or "--" in repo_id:
         raise InvalidStorageUri(
-            f"Hugging Face URI {_shown(uri)} has an invalid repository id {repo_id!r}: expected 'name' or "
-            "'owner/name' made of letters, digits, '_', '-' and '.', without '..' or '--'"
+            f"Hugging Face URI {_shown(uri)} names no repository: write hf://{{owner}}/{{name}}[@{{revision}}]"
         )
-    if not at:
+    parts = repo_id.split("/")
+    if "" in parts:
+        raise InvalidStorageUri(
+            f"Hugging Face URI {_shown(uri)} has an empty path segment (a leading, doubled or trailing '/'): "
+            "write hf://{owner}/{name}[@{revision}]"
+        )
+    if len(parts) > 2:
+        raise InvalidStorageUri(
+            f"Hugging Face URI {_shown(uri)} has {len(parts)} path segments, but a repository id is 'name' or "
+            "'owner/name' (the hub has no deeper repositories): write hf://{owner}/{name}[@{revision}]"
+        )
+    if not all(_HF_REPO_PART.fullmatch(part) for part in parts) or ".." in repo_id or "--" in repo_id:
+        raise InvalidStorageUri(
+            f"Hugging Face URI {_shown(uri)} has an invalid repository id {repo_id!r}, which the hub would "
+            "refuse: write the id as the hub shows it, 'name' or 'owner/name' made of letters, digits, '_', "
+            "'-' and '.', starting and ending with a letter or digit, without '..' or '--'"
+        )
+    if not at or not revision:
         return HfUri(repo_id, _HF_DEFAULT_REVISION)
-    if not revision:
-        raise InvalidStorageUri(f"Hugging Face URI {_shown(uri)} has an empty revision after '@'")
     if _HF_REVISION_FORBIDDEN.search(revision) or any(seg in ("", "..") for seg in revision.split("/")):
         raise InvalidStorageUri(
             f"Hugging Face URI {_shown(uri)} has an invalid revision {revision!r}: it may not contain '..', "
-            "empty path segments, '?', '#', '%' or '\\'"
+            "empty path segments, '?', '#', '%' or '\\'; write a branch, a tag, a commit id or refs/pr/{N}"
         )
     return HfUri(repo_id, revision)
 
@@ -212,11 +228,16 @@ def parse_oci_uri(uri: str) -> OciUri:
     2. ``oci://{namespace}@{region}/{bucket}/{prefix...}``;
     3. ``oci://{bucket}/{prefix...}`` (namespace looked up at first use).
 
-    Stricter than OME: an empty namespace (shape 1) or an empty object prefix is refused — OME turns an
-    empty prefix into ``/``, which matches no object and fails the download later with "no objects
-    found"; the namespace@region shape is recognised only when ``@`` is in the first segment (OME looks
-    for ``@`` anywhere, so ``oci://bucket/dir@x/...`` was misread as a namespace); an empty region after
-    ``@`` is refused.
+    As in OME, an empty namespace (``oci://n//b/...``, ``oci://@region/...``) is looked up at first use
+    and an empty region (``oci://ns@/...``) leaves the region to the ``region`` parameter or the
+    credentials.
+
+    Refused, although OME's parser accepts them: an empty object prefix (``oci://bkt``,
+    ``oci://n/ns/b/bkt/o/``) — OME turns it into ``/``, which lists no object, so the download fails
+    later with "no objects found"; an empty bucket. Read differently: the namespace@region shape is
+    recognised only when ``@`` is in the first segment (OME splits at the first ``@`` anywhere, so
+    ``oci://bucket/dir@x/more`` became namespace ``bucket/dir``, which cannot be downloaded); here it is
+    bucket ``bucket`` and prefix ``dir@x/more/``.
     """
     rest = _remainder(uri, StorageType.OCI)
     namespace = region = ""
@@ -227,23 +248,22 @@ def parse_oci_uri(uri: str) -> OciUri:
                 f"OCI URI {_shown(uri)} is malformed: expected oci://n/{{namespace}}/b/{{bucket}}/o/{{prefix}}"
             )
         namespace, bucket, prefix = segments[1], segments[3], "/".join(segments[5:])
-        if not namespace:
-            raise InvalidStorageUri(f"OCI URI {_shown(uri)} has an empty namespace")
     else:
         first, _, after = rest.partition("/")
         if "@" in first:
             namespace, _, region = first.partition("@")
-            if not namespace or not region:
-                raise InvalidStorageUri(
-                    f"OCI URI {_shown(uri)} is malformed: expected oci://{{namespace}}@{{region}}/{{bucket}}/{{prefix}}"
-                )
             bucket, _, prefix = after.partition("/")
         else:
             bucket, prefix = first, after
     if not bucket:
-        raise InvalidStorageUri(f"OCI URI {_shown(uri)} has no bucket name")
+        raise InvalidStorageUri(
+            f"OCI URI {_shown(uri)} has no bucket name: write oci://n/{{namespace}}/b/{{bucket}}/o/{{folder}}"
+        )
     if not prefix.strip("/"):
-        raise InvalidStorageUri(f"OCI URI {_shown(uri)} has no object prefix; name the folder that holds the model")
+        raise InvalidStorageUri(
+            f"OCI URI {_shown(uri)} has no object prefix (OME would list objects under '/' and find none): "
+            f"name the folder that holds the model, oci://n/{{namespace}}/b/{bucket}/o/{{folder}}"
+        )
     if not prefix.endswith("/"):
         prefix += "/"
     return OciUri(namespace=namespace, bucket=bucket, prefix=prefix, region=region)
@@ -295,8 +315,8 @@ def parse_pvc_uri(uri: str) -> PvcUri:
     """Parse ``pvc://[{namespace}:]{pvc_name}/{sub_path}``; the sub-path is mandatory.
 
     Like OME: the namespace must be a DNS-1123 label (lowercase alphanumerics and ``-``, at most 63,
-    no leading or trailing ``-``), only one ``:`` is allowed, and ``..`` segments in the sub-path are
-    refused.
+    no leading or trailing ``-``) and only one ``:`` is allowed. Stricter than OME: a ``..`` segment in
+    the sub-path is refused (Kubernetes refuses such a ``subPath``, so the model could never be served).
     """
     rest = _remainder(uri, StorageType.PVC)
     first, slash, sub_path = rest.partition("/")
@@ -316,7 +336,10 @@ def parse_pvc_uri(uri: str) -> PvcUri:
     if not pvc_name:
         raise InvalidStorageUri(f"PVC URI {_shown(uri)} has no PVC name")
     if ".." in sub_path.split("/"):
-        raise InvalidStorageUri(f"PVC URI {_shown(uri)} has a '..' segment in its sub-path")
+        raise InvalidStorageUri(
+            f"PVC URI {_shown(uri)} has a '..' segment in its sub-path, which Kubernetes refuses as a volume "
+            "subPath: name the directory inside the volume directly, pvc://[{namespace}:]{claim}/{dir}"
+        )
     return PvcUri(namespace=namespace, pvc_name=pvc_name, sub_path=sub_path)
 
 
@@ -343,17 +366,20 @@ def parse_vendor_uri(uri: str) -> VendorUri:
 
 
 def parse_github_uri(uri: str) -> GithubUri:
-    """Parse ``github://{owner}/{repo}[@{tag}]``.
+    """Parse ``github://{owner}/{repo}[@{tag}]`` exactly as OME splits it.
 
-    Stricter than OME: the repository may not contain ``/`` and a tag after ``@`` may not be empty.
+    The tag is everything after the first ``@`` (``""`` for a bare ``@``), the owner everything before
+    the first ``/``, the repository the rest (it may contain ``/``). Nothing is ever fetched for a GitHub
+    URI (the model fails with ``UnsupportedStorage``), so the lenient parse costs nothing and keeps the
+    reason the same as OME's.
     """
     rest = _remainder(uri, StorageType.GITHUB)
     owner_repo, at, tag = rest.partition("@")
     owner, _, repo = owner_repo.partition("/")
-    if not owner or not repo or "/" in repo:
-        raise InvalidStorageUri(f"GitHub URI {_shown(uri)} is malformed: expected github://{{owner}}/{{repo}}")
-    if at and not tag:
-        raise InvalidStorageUri(f"GitHub URI {_shown(uri)} has an empty tag after '@'")
+    if not owner or not repo:
+        raise InvalidStorageUri(
+            f"GitHub URI {_shown(uri)} is malformed: write github://{{owner}}/{{repository}}[@{{tag}}]"
+        )
     return GithubUri(owner=owner, repo=repo, tag=tag if at else _GITHUB_DEFAULT_TAG)
 
 
