@@ -92,9 +92,9 @@ REFUSED: list[tuple[str, str]] = [
     # --- Hugging Face forms OME accepts and the hub cannot serve (or that escape paths).
     ("hf://", "write hf://{owner}/{name}[@{revision}]"),
     ("hf://@main", "write hf://{owner}/{name}[@{revision}]"),
-    ("hf://a/b/c", "3 path segments"),
+    ("hf://a/b/c", "of 3 path segments"),
     ("hf://a/b/c@main", "write hf://{owner}/{name}[@{revision}]"),
-    ("hf://org/model/tree/main", "4 path segments"),
+    ("hf://org/model/tree/main", "of 4 path segments"),
     ("hf://org/", "empty path segment"),
     ("hf://org/model/", "empty path segment"),
     ("hf:///model", "empty path segment"),

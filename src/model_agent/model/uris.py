@@ -192,18 +192,19 @@ def parse_hf_uri(uri: str) -> HfUri:
     repo_id, at, revision = rest.partition("@")
     if not repo_id:
         raise InvalidStorageUri(
-            f"Hugging Face URI {_shown(uri)} names no repository: write hf://{{owner}}/{{name}}[@{{revision}}]"
+            f"Hugging Face URI {_shown(uri)} has an empty repository id: write hf://{{owner}}/{{name}}[@{{revision}}]"
         )
     parts = repo_id.split("/")
     if "" in parts:
         raise InvalidStorageUri(
-            f"Hugging Face URI {_shown(uri)} has an empty path segment (a leading, doubled or trailing '/'): "
-            "write hf://{owner}/{name}[@{revision}]"
+            f"Hugging Face URI {_shown(uri)} has an invalid repository id {repo_id!r} with an empty path segment "
+            "(a leading, doubled or trailing '/'): write hf://{owner}/{name}[@{revision}]"
         )
     if len(parts) > 2:
         raise InvalidStorageUri(
-            f"Hugging Face URI {_shown(uri)} has {len(parts)} path segments, but a repository id is 'name' or "
-            "'owner/name' (the hub has no deeper repositories): write hf://{owner}/{name}[@{revision}]"
+            f"Hugging Face URI {_shown(uri)} has an invalid repository id {repo_id!r} of {len(parts)} path "
+            "segments, but a repository id is 'name' or 'owner/name' (the hub has no deeper repositories): "
+            "write hf://{owner}/{name}[@{revision}]"
         )
     if not all(_HF_REPO_PART.fullmatch(part) for part in parts) or ".." in repo_id or "--" in repo_id:
         raise InvalidStorageUri(
