@@ -325,3 +325,21 @@ def test_a_tenant_path_through_a_symlinked_root_is_inside(tmp_path: Path) -> Non
     lay = Layout(tmp_path / "models")
     assert lay.check_local(str(tmp_path / "models" / "team-a"), tenant=True) == tmp_path / "models" / "team-a"
     assert lay.check_local(str(real / "team-a"), tenant=True) == real / "team-a"
+
+
+def test_writable_is_confine_for_resolved_paths(tmp_path: Path, root: Path) -> None:
+    extra = tmp_path / "extra"
+    lay = Layout(root, [extra])
+    real_extra = Path(os.path.realpath(extra))
+    assert lay.writable(str(root / "m")) and lay.writable(str(real_extra / "a" / "b"))
+    for refused_path in (
+        root,
+        root / PRIVATE_DIR,
+        root / PRIVATE_DIR / "trash" / "x",
+        root.parent / (root.name + "2") / "m",  # a sibling whose name starts with the root's
+        Path("/"),
+        Path("/etc/x"),
+    ):
+        assert not lay.writable(str(refused_path)), refused_path
+        with pytest.raises(PathRefused):
+            lay.confine(str(refused_path))

@@ -254,12 +254,8 @@ class FakeGate:
     def __init__(self) -> None:
         self.calls: list[tuple[str, str, bool]] = []
 
-    def confine(self, raw: str) -> tuple[Any, Path]:
-        self.calls.append(("confine", raw, False))
-        path = normalise(raw)
-        if path is None or not path.startswith("/m/"):
-            raise PathRefused(f"{raw!r} refused")
-        return None, Path(path.replace("/m/alias", "/m/real"))
+    def writable(self, resolved: str) -> bool:
+        return resolved.startswith("/m/")
 
     def check_local(self, raw: str, *, tenant: bool = False) -> Path:
         self.calls.append(("check_local", raw, tenant))
@@ -268,6 +264,7 @@ class FakeGate:
         return Path(raw)
 
     def resolve(self, raw: str) -> str:
+        self.calls.append(("resolve", raw, False))
         return raw.replace("/m/alias", "/m/real")
 
 
@@ -304,6 +301,8 @@ def test_claims_of_raw_objects() -> None:
         raw_model("ClusterBaseModel", "out", URI, "/etc/x"),
         raw_model("ClusterBaseModel", "rel", URI, "m/x"),
         raw_model("ClusterBaseModel", "dots", URI, "/m/x/../y"),
+        raw_model("ClusterBaseModel", "ctl", URI, "/m/x\ny"),
+        raw_model("ClusterBaseModel", "private", URI, "/m"),  # FakeGate: only below /m/ is writable
         raw_model("ClusterBaseModel", "nopath", URI),
         {"metadata": {"name": "broken"}, "spec": {"storage": "not a mapping"}},
         {"metadata": {"name": "broken"}, "spec": {"storage": {"storageUri": 5, "path": "/m/x"}}},
@@ -323,20 +322,37 @@ def test_the_cache_derives_each_object_version_once() -> None:
     gate = FakeGate()
     store = FakeStore([raw_model("ClusterBaseModel", f"m{i}", URI, f"/m/x{i}") for i in range(50)])
     cache = ClaimCache(gate)
-    first = cache.index({"ClusterBaseModel": store})
-    assert len(gate.calls) == 50 and len(first) == 50
-    assert cache.index({"ClusterBaseModel": store}) is first  # nothing changed: the same index, no calls
-    assert len(gate.calls) == 50
+    index = cache.index({"ClusterBaseModel": store})
+    assert len(gate.calls) == 50 and len(index) == 50
+    assert cache.index({"ClusterBaseModel": store}) is index and len(gate.calls) == 50  # nothing changed
     changed = raw_model("ClusterBaseModel", "m7", URI, "/m/moved")
     changed["metadata"]["resourceVersion"] = "2"
     store.objs["m7"] = changed
-    store.objs["m8"] = dict(store.objs["m8"])  # a relist: a new dict, the same version
-    second = cache.index({"ClusterBaseModel": store})
-    assert len(gate.calls) == 51 and second is not first
-    assert [c.key for _, _, c in second.overlapping("/m/moved")] == ["ClusterBaseModel//m7"]
-    assert not list(second.overlapping("/m/x7"))
+    assert len(cache.index({"ClusterBaseModel": store})) == 50
+    assert len(gate.calls) == 51  # only the changed object was derived again
+    assert [c.key for _, _, c in index.overlapping("/m/moved")] == ["ClusterBaseModel//m7"]
+    assert not list(index.overlapping("/m/x7"))
+    # A relist: every object a new dict, the same versions: nothing is derived again, nothing lost.
+    store.objs = {name: dict(obj) for name, obj in store.objs.items()}
+    assert len(cache.index({"ClusterBaseModel": store})) == 50 and len(gate.calls) == 51
+    assert [c.key for _, _, c in index.overlapping("/m/x8")] == ["ClusterBaseModel//m8"]
     del store.objs["m9"]
-    assert not list(cache.index({"ClusterBaseModel": store}).overlapping("/m/x9"))
+    cache.index({"ClusterBaseModel": store})
+    assert not list(index.overlapping("/m/x9")) and len(index) == 49
+
+
+def test_the_index_after_adds_and_discards_equals_one_built_at_once() -> None:
+    claims = [claim(f"BaseModel/t/m{i}", f"/m/{'a/' * (i % 4)}x{i % 7}", age=i) for i in range(60)]
+    index = ClaimIndex()
+    for c in claims:
+        index.add(c)
+    for c in claims[::3]:
+        index.discard(c)
+    kept = [c for i, c in enumerate(claims) if i % 3]
+    fresh = ClaimIndex(kept)
+    for probe in ["/", "/m", "/m/a", "/m/a/a", "/m/x1", "/m/a/x2", "/m/a/a/a/x3", "/n"]:
+        got = sorted((r, p, c.key) for r, p, c in index.overlapping(probe))
+        assert got == sorted((r, p, c.key) for r, p, c in fresh.overlapping(probe)), probe
 
 
 def test_thousands_of_models_stay_cheap() -> None:

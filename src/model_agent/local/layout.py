@@ -235,6 +235,19 @@ class Layout:
                 "itself): a namespaced BaseModel may read local weights only inside them"
             )
 
+    def writable(self, resolved: str) -> bool:
+        """Whether a resolved, normalised path is strictly inside a root and outside its private area (no I/O).
+
+        The string form of :meth:`confine`'s last checks, for paths already resolved (roots never nest, so
+        the first root that contains it is its root).
+        """
+        for root in self.roots:
+            base = str(root.path).rstrip("/") + "/"
+            if resolved.startswith(base) and len(resolved) > len(base):
+                private = str(root.private)
+                return resolved != private and not resolved.startswith(private + "/")
+        return False
+
     def resolve(self, raw: str) -> str:
         """``raw`` with every existing symlink resolved (as :func:`os.path.realpath`); ``raw`` on errors."""
         try:
