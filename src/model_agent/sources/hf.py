@@ -21,7 +21,9 @@ Two data paths, by file:
 * Small files (git blobs: configs, tokenizers) go through ``hf_hub_download`` (its ``.incomplete`` files
   resume after a restart) and are checked against their git blob sha1.
 
-``HF_ENDPOINT`` (or an explicit endpoint) selects the hub or a mirror. Tokens are resolved by the caller.
+``HF_ENDPOINT`` (or an explicit endpoint) selects the hub or a mirror: the admin's, never a tenant's. Tokens are
+resolved by the caller (:mod:`model_agent.agent.credentials`: the platform ``HF_TOKEN`` only for trusted models),
+and ``token=False`` is passed when there is none, so huggingface_hub never falls back to ``HF_TOKEN`` itself.
 Cancellation takes effect between files (a file already in flight finishes into staging and is resumed or
 discarded later); huggingface_hub's blocking calls run in worker threads so the event loop never blocks.
 """
