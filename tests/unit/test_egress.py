@@ -356,3 +356,34 @@ def test_tenant_probes_follow_no_redirect(listener: tuple[int, list[socket.socke
         server.shutdown()
         server.server_close()
     assert accepted == []
+
+
+def test_s3_tenant_secret_is_never_mixed_with_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A tenant's key pair is signed alone: the node's AWS_SESSION_TOKEN is not added to it; no Secret: unsigned."""
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "AKIANODE")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "node-secret")
+    monkeypatch.setenv("AWS_SESSION_TOKEN", "node-session-token")
+    before = egress.current()
+    egress.configure(TenancyPolicy.build(endpoint_allow=["http://localhost:1"], address_allow=["127.0.0.0/8"]))
+    sent: list[dict[str, str]] = []
+
+    class Stop(Exception):
+        pass
+
+    def record(request: Any, **_: Any) -> None:
+        sent.append({k.lower(): str(v) for k, v in request.headers.items()})
+        raise Stop
+
+    def hook(client: Any) -> None:
+        client.meta.events.register("before-send.s3", record)
+
+    source = s3.S3Source(on_client=hook)
+    try:
+        for secret in ({"accessKeyId": "AKIATENANT", "secretAccessKey": "tenant-secret"}, None):
+            with pytest.raises(SourceError):
+                asyncio.run(source.fetch(_request("s3://bucket/p", EVIL, secret, endpoint="http://localhost:1")))
+    finally:
+        egress.configure(before)
+    keyed, unsigned = sent
+    assert "Credential=AKIATENANT/" in keyed["authorization"] and "x-amz-security-token" not in keyed
+    assert "authorization" not in unsigned and "x-amz-security-token" not in unsigned
