@@ -9,7 +9,7 @@ rounds (round-robin, order rotated every round), measures the ceilings again, ap
 ``smoke`` subcommand) is W1 + W4 + W5, 1 round, a 256 MiB file, with its outputs under the work dir: it
 gates CI through tests/e2e/test_download_bench.py.
 
-Workloads (shared/reference/performance.md section 8): W1 the large file; W2 the whole model; W3 the 20
+Workloads (docs/performance.md#85-workloads): W1 the large file; W2 the whole model; W3 the 20
 small files; W4 SIGKILL once the origin has sent half of the large file (``--kill-at``; 75 % when the
 file is small against the ranges in flight, as in the smoke run, see ``main``), then the same command again
 (re-fetched bytes from the proxy's counter); W5 one byte of the large file flipped in transit; W6 ``429``

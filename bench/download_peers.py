@@ -135,7 +135,7 @@ for key in sys.argv[4:]:
 """
 
 
-# performance.md section 3's "minimal Python ranged reader" (stdlib http.client, 4 threads, 16 MiB ranges,
+# docs/performance.md#3-the-minimal-ranged-reader: the "minimal Python ranged reader" (stdlib http.client, 4 threads, 16 MiB ranges,
 # readinto a reused 4 MiB buffer, os.pwrite; no hashing, no resume): the per-byte cost of this machine today.
 MINIMAL_READER = """
 import http.client, os, sys, threading, urllib.parse

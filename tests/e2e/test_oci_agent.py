@@ -63,7 +63,7 @@ async def test_oci_model_reaches_ready_with_identical_files(
             name,
             f"oci://n/{NS}/b/{bucket}/o/llama",
             str(dest),
-            key="no-such-secret",  # not used for OCI (spec 10.1): must not fail the model
+            key="no-such-secret",  # not used for OCI (docs/ome-compatibility.md#101-client): must not fail the model
             parameters={"auth": "UserPrincipal", "endpoint": fake_oci.endpoint},
         )
     )
@@ -93,7 +93,7 @@ async def test_tensorrt_llm_model_gets_only_its_shape(
     engines = {f"engines/{shape}/rank0.engine": os.urandom(4096) for shape in ("H100", "A100-80G", "B200")}
     for key, data in engines.items():
         fake_oci.put(bucket, key, data)
-    # The node's instance type BM.GPU.H100.8 maps to the shape alias H100 (spec 3.1).
+    # The node's instance type BM.GPU.H100.8 maps to the shape alias H100 (docs/ome-compatibility.md#31-node-facts).
     agent = await make_agent(
         labels={"node.kubernetes.io/instance-type": "BM.GPU.H100.8"},
         env={"OCI_CONFIG_PATH": str(identity.config_path)},

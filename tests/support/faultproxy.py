@@ -1,6 +1,7 @@
 """A fault-injecting HTTP proxy between a Kubernetes client and a real kube-apiserver, for end-to-end tests.
 
-Role: the "Faults" component of DESIGN.md section 5. The agent (or any :class:`KubeClient`) talks to this
+Role: the "Faults" component of docs/design.md#10-real-components-in-tests. The agent (or any :class:`KubeClient`)
+talks to this
 proxy instead of the API server; the proxy forwards every request to the real server and, when a test
 asks for it, answers 5xx/429/404 itself, stalls or drops requests, ends watches early, strips items from
 LIST answers or writes extra events (e.g. ``DELETED``) into open watches. Nothing else is faked: every

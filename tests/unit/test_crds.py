@@ -1,4 +1,5 @@
-"""Unit tests for deploy/crds: the BaseModel and ClusterBaseModel CRDs match spec section 1.
+"""Unit tests for deploy/crds: the BaseModel and ClusterBaseModel CRDs match
+docs/ome-compatibility.md#1-custom-resources-the-agent-consumes.
 
 Loads both YAML files with PyYAML and checks identity (1.1), the spec/storage/status schema (1.2-1.4)
 and that the two schemas are identical, so they can only differ in names, kind and scope.

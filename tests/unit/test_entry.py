@@ -1,4 +1,5 @@
-"""ConfigMap entry codec (spec 6.3): byte-exact Go encoding and tolerant decoding."""
+"""ConfigMap entry codec (docs/ome-compatibility.md#63-configmap-entry-value): byte-exact Go encoding and tolerant
+decoding."""
 
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ from model_agent.model.entry import (
 )
 from model_agent.model.keys import ModelState
 
-# Spec 6.3, marshalled by Go from OME's types.
+# docs/ome-compatibility.md#63-configmap-entry-value, marshalled by Go from OME's types.
 GOLDEN = [
     '{"name":"x","status":"Updating"}',
     '{"name":"x","status":"Ready","config":{"modelType":"llama","artifact":{"sha":"","parentPath":null,'

@@ -1,4 +1,4 @@
-"""Label keys, ConfigMap keys and related names (spec 5.1, 5.3, 6.1, 6.2)."""
+"""Label keys, ConfigMap keys and related names (docs/ome-compatibility.md#51-label-keys, 5.3, 6.1, 6.2)."""
 
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ from model_agent.model.keys import (
 CBM = ModelKind.CLUSTER_BASE_MODEL
 BM = ModelKind.BASE_MODEL
 
-# Spec 5.1, produced by compiling OME's Go functions verbatim.
+# docs/ome-compatibility.md#51-label-keys, produced by compiling OME's Go functions verbatim.
 LABEL_GOLDEN = [
     (CBM, "", "llama-3-70b-instruct", "models.ome.io/clusterbasemodel.llama-3-70b-instruct"),
     (

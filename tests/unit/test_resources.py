@@ -1,4 +1,4 @@
-"""Views of BaseModel / ClusterBaseModel objects (spec 1.2-1.6)."""
+"""Views of BaseModel / ClusterBaseModel objects (docs/ome-compatibility.md#12-spec-fields (to 1.6))."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ from model_agent.model.resources import (
     skip_config_parsing,
 )
 
-# The three examples of spec 1.6.
+# The three examples of docs/ome-compatibility.md#16-minimal-valid-examples.
 CLUSTER_HF = """
 apiVersion: ome.io/v1beta1
 kind: ClusterBaseModel

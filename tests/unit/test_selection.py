@@ -1,4 +1,5 @@
-"""Node selection (spec 3.2, with Kubernetes semantics) and instance-shape aliases (spec 3.1)."""
+"""Node selection (docs/ome-compatibility.md#32-the-match-function, with Kubernetes semantics) and instance-shape
+aliases (docs/ome-compatibility.md#31-node-facts)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Storage URI detection and parsing (spec 2.1, 2.2)."""
+"""Storage URI detection and parsing (docs/ome-compatibility.md#21-type-detection, 2.2)."""
 
 from __future__ import annotations
 

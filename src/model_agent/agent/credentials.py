@@ -1,4 +1,5 @@
-"""Hugging Face token resolution for one model (spec 9.2), with this project's stricter rules.
+"""Hugging Face token resolution for one model (docs/ome-compatibility.md#92-token-resolution), with this project's
+stricter rules.
 
 Order: the Secret named by ``spec.storage.key`` (data key ``parameters.secretKey`` or ``token``), then
 ``parameters.token`` (plain text in the CR: accepted, with a warning the caller turns into an Event), then

@@ -1,4 +1,5 @@
-"""The per-model value stored in the node's ConfigMap (spec 6.3), encoded exactly as OME's Go agent does.
+"""The per-model value stored in the node's ConfigMap (docs/ome-compatibility.md#63-configmap-entry-value), encoded
+exactly as OME's Go agent does.
 
 Role: typed, immutable views of one ConfigMap entry — :class:`ModelEntry` with its optional
 :class:`ModelConfig` (holding an :class:`Artifact`) and :class:`DownloadProgress` — plus the codec.
@@ -56,7 +57,8 @@ PROGRESS_PHASES: Final = ("scanning", "downloading", "finalizing", "unknown")
 
 @dataclass(frozen=True, slots=True)
 class Artifact:
-    """Artifact-sharing record (spec 8.3). ``None`` and empty are different on the wire (null vs {} / [])."""
+    """Artifact-sharing record (docs/ome-compatibility.md#83-reuseifexists). ``None`` and empty are different on the
+    wire (null vs {} / [])."""
 
     sha: str = ""
     parent_path: Mapping[str, str] | None = None
@@ -175,7 +177,8 @@ class ModelEntry:
         return _encode_struct(pairs)
 
     def with_status(self, status: ModelState | str) -> ModelEntry:
-        """The status write of spec 6.4: new status, config kept, progress dropped on Ready/Failed."""
+        """The status write of docs/ome-compatibility.md#64-writes: new status, config kept, progress dropped on
+        Ready/Failed."""
         terminal = status in (ModelState.READY, ModelState.FAILED)
         return replace(self, status=str(status), progress=None if terminal else self.progress)
 

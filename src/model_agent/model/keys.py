@@ -6,10 +6,12 @@ identifying label) and the web console. Everything here is pure and deterministi
 
 Contract:
 
-* :func:`node_label_key` reproduces OME's label-key function byte for byte (spec 5.1), including the
+* :func:`node_label_key` reproduces OME's label-key function byte for byte (docs/ome-compatibility.md#51-label-keys),
+  including the
   49-character budget for the name part and the SHA-256 based truncation :func:`trunc`. The scheduler
   computes the same function, so a difference here means pods never find the weights.
-* :func:`configmap_key` reproduces OME's ConfigMap data key (spec 6.2) and :func:`parse_configmap_key`
+* :func:`configmap_key` reproduces OME's ConfigMap data key (docs/ome-compatibility.md#62-configmap-keys) and
+  :func:`parse_configmap_key`
   is the controller's reverse parse. Truncated keys do not round-trip (that is OME's format, not a bug
   here).
 * Lengths are byte lengths of the UTF-8 encoding, as in Go. Kubernetes names are ASCII, where bytes and
@@ -63,7 +65,7 @@ class ModelState(StrEnum):
     FAILED = "Failed"
 
 
-# --- per-node ConfigMap identity (spec 6.1) -------------------------------------------------------------
+# --- per-node ConfigMap identity (docs/ome-compatibility.md#61-configmap-identity) ------------------------------------
 
 CONFIGMAP_STATUS_LABEL: Final = "models.ome/basemodel-status"
 CONFIGMAP_STATUS_LABEL_VALUE: Final = "true"
@@ -72,7 +74,7 @@ CONFIGMAP_NODE_NAME_ANNOTATION: Final = "models.ome.io/node-name"
 CONFIGMAP_MANAGED_BY_ANNOTATION: Final = "models.ome.io/managed-by"
 CONFIGMAP_MANAGED_BY_VALUE: Final = "model-agent"
 
-# --- markers on the model objects (spec 1.5) ------------------------------------------------------------
+# --- markers on the model objects (docs/ome-compatibility.md#15-metadata-the-agent-uses) ------------------------------
 
 # Label; value "true" (case-insensitive) keeps the weights on delete.
 RESERVE_MODEL_ARTIFACT_LABEL: Final = "models.ome/reserve-model-artifact"
@@ -134,7 +136,8 @@ def _name_part(kind: ModelKind | str, namespace: str, name: str, cluster_budget:
 
 
 def node_label_key(kind: ModelKind | str, namespace: str, name: str) -> str:
-    """Node label key for a model (spec 5.1), e.g. ``models.ome.io/team-a.basemodel.llama-3-8b``.
+    """Node label key for a model (docs/ome-compatibility.md#51-label-keys), e.g.
+    ``models.ome.io/team-a.basemodel.llama-3-8b``.
 
     ``namespace`` is ignored for ClusterBaseModels. Raises ``ValueError`` for an unknown kind.
     """
@@ -143,7 +146,7 @@ def node_label_key(kind: ModelKind | str, namespace: str, name: str) -> str:
 
 
 def configmap_key(kind: ModelKind | str, namespace: str, name: str) -> str:
-    """ConfigMap data key for a model (spec 6.2), e.g. ``clusterbasemodel.qwen3-8b``.
+    """ConfigMap data key for a model (docs/ome-compatibility.md#62-configmap-keys), e.g. ``clusterbasemodel.qwen3-8b``.
 
     ``namespace`` is ignored for ClusterBaseModels. Raises ``ValueError`` for an unknown kind.
     """

@@ -1,4 +1,5 @@
-"""Model metadata: what a downloaded model directory says about itself (spec section 7, ConfigMap 6.3).
+"""Model metadata: what a downloaded model directory says about itself
+(docs/ome-compatibility.md#7-model-config-parsing, ConfigMap 6.3).
 
 Role
 ----
@@ -8,9 +9,9 @@ size, context length, capabilities, quantization, and a small "decoded configura
 module computes that description from the files alone:
 
 * :func:`find_config_file` picks the file to read (``model_index.json`` for a diffusers pipeline, else
-  ``config.json``; spec 7.2);
+  ``config.json``; docs/ome-compatibility.md#72-which-file);
 * :func:`parse_model_dir` parses it with a loader chosen by ``model_type`` and returns a
-  :class:`ParsedMetadata` (spec 7.3-7.5);
+  :class:`ParsedMetadata` (docs/ome-compatibility.md#73-extraction (to 7.5));
 * the safetensors helpers count parameters from file *headers* only; no tensor data is read.
 
 Contract
@@ -19,7 +20,8 @@ Contract
   slow disk, so async callers run it in a worker thread.
 * Confined: nothing is read outside the real path of ``model_dir``. A symlink that leads out of it
   (config file, shard, safetensors file) is ignored or refused, never followed. A ``model_dir`` that is
-  itself a symlink (a ReuseIfExists child, spec 8.3) is resolved first and its target is the root.
+  itself a symlink (a ReuseIfExists child, docs/ome-compatibility.md#83-reuseifexists) is resolved first and its target
+  is the root.
 * Bounded: config files are read only up to :data:`MAX_CONFIG_FILE_BYTES`, shard indexes up to
   :data:`MAX_INDEX_FILE_BYTES`, safetensors headers up to :data:`MAX_SAFETENSORS_HEADER_BYTES` (checked
   against the claimed length *and* the real file size before anything is allocated). The recursive
@@ -155,7 +157,8 @@ REGISTERED_MODEL_TYPES: Final = frozenset(
         "xverse",
     }
 )  # fmt: skip
-"""``model_type`` values the Go agent has a dedicated loader for (spec 7.3). Informational: the
+"""``model_type`` values the Go agent has a dedicated loader for (docs/ome-compatibility.md#73-extraction).
+Informational: the
 behaviours that matter are folded into the tables below; every other type uses the generic rules."""
 
 # Loaders that are multimodal whatever the config says (the Go loaders answer "vision" unconditionally).
@@ -368,7 +371,8 @@ class ParsedMetadata:
         return self.diffusion_pipeline is not None
 
     def to_config_entry(self, artifact: Mapping[str, Any] | None = None) -> dict[str, Any]:
-        """The ``config`` object of a ConfigMap entry (spec 6.3), ready for ``json.dumps``.
+        """The ``config`` object of a ConfigMap entry (docs/ome-compatibility.md#63-configmap-entry-value), ready for
+        ``json.dumps``.
 
         Fields appear in the Go struct's order and are omitted when empty, except ``artifact`` which is
         always present (default ``{"sha": "", "parentPath": null, "childrenPaths": null}``).
@@ -434,7 +438,8 @@ def estimate_model_size_bytes(parameter_count: int, dtype: str) -> int:
 
 
 def quantization_from_method(quant_method: str | None) -> str | None:
-    """``quantization_config.quant_method`` ⇒ ``int4`` / ``fp8`` / None (spec 7.3; ``int4`` wins)."""
+    """``quantization_config.quant_method`` ⇒ ``int4`` / ``fp8`` / None (docs/ome-compatibility.md#73-extraction;
+    ``int4`` wins)."""
     if not quant_method:
         return None
     lowered = quant_method.lower()
@@ -453,7 +458,8 @@ def determine_capabilities(
     is_embedding: bool,
     is_diffusers: bool,
 ) -> list[str]:
-    """Capabilities by the first matching rule of spec 7.5 (lower-cased substring tests)."""
+    """Capabilities by the first matching rule of docs/ome-compatibility.md#75-capabilities (lower-cased substring
+    tests)."""
     arch = architecture.lower()
     mtype = model_type.lower()
 
@@ -657,7 +663,8 @@ def _walk_for(root: Path, names: Iterable[str]) -> dict[str, Path]:
 
 
 def find_config_file(model_dir: Path) -> Path | None:
-    """The file that describes the model in ``model_dir`` (spec 7.2), as a real path, or None.
+    """The file that describes the model in ``model_dir`` (docs/ome-compatibility.md#72-which-file), as a real path, or
+    None.
 
     Order: ``model_index.json`` at the top, else anywhere below (a diffusers pipeline; used
     exclusively); then ``config.json`` at the top, in ``safetensors/``, ``pytorch_model/``,
@@ -1221,7 +1228,7 @@ def _load_diffusers(raw: dict[str, Any], index_path: Path, root: Path) -> _Facts
 
 
 def parse_model_dir(model_dir: Path, *, total_size_bytes: int | None = None) -> ParsedMetadata:
-    """Parse the model in ``model_dir`` into :class:`ParsedMetadata` (spec 7.2-7.5).
+    """Parse the model in ``model_dir`` into :class:`ParsedMetadata` (docs/ome-compatibility.md#72-which-file (to 7.5)).
 
     ``total_size_bytes`` is the size of the weights on disk if the caller knows it (e.g. from the
     download manifest). It is used only for ``model_size_bytes`` when the parameter count is unknown
@@ -1230,7 +1237,7 @@ def parse_model_dir(model_dir: Path, *, total_size_bytes: int | None = None) -> 
     Raises :class:`MetadataError` when ``model_dir`` is not a directory, when neither
     ``model_index.json`` nor ``config.json`` is found, or when the chosen file cannot be read or is
     not a JSON object (including a diffusers index with no ``_class_name``). The caller decides what
-    "no metadata" means (spec 7.2: a missing directory is not an error for the agent).
+    "no metadata" means (docs/ome-compatibility.md#72-which-file: a missing directory is not an error for the agent).
     """
     root = _real_directory(model_dir)
     if root is None:

@@ -1,4 +1,5 @@
-"""Typed, read-only views of OME's ``BaseModel`` / ``ClusterBaseModel`` objects (spec 1.2-1.5).
+"""Typed, read-only views of OME's ``BaseModel`` / ``ClusterBaseModel`` objects
+(docs/ome-compatibility.md#12-spec-fields (to 1.5)).
 
 Role: the rest of the agent never touches raw API dictionaries; the kube layer hands a raw object to
 :meth:`ModelObject.from_dict` and gets either a frozen view or one :class:`InvalidModel` whose
@@ -93,12 +94,12 @@ class ModelRef:
 
     @property
     def label_key(self) -> str:
-        """This model's node label key (spec 5.1)."""
+        """This model's node label key (docs/ome-compatibility.md#51-label-keys)."""
         return keys.node_label_key(self.kind, self.namespace, self.name)
 
     @property
     def configmap_key(self) -> str:
-        """This model's key in the node ConfigMap (spec 6.2)."""
+        """This model's key in the node ConfigMap (docs/ome-compatibility.md#62-configmap-keys)."""
         return keys.configmap_key(self.kind, self.namespace, self.name)
 
     @classmethod

@@ -1,4 +1,5 @@
-"""Which models belong on this node (spec 3.2), and the node's instance-shape alias (spec 3.1).
+"""Which models belong on this node (docs/ome-compatibility.md#32-the-match-function), and the node's instance-shape
+alias (docs/ome-compatibility.md#31-node-facts).
 
 Role: pure functions over a model's :class:`StorageSpec` and the node's labels and name. The
 reconciler evaluates :func:`node_selected` against the live, watched Node on every pass, so a relabelled

@@ -1,4 +1,5 @@
-"""Storage URIs of ``spec.storage.storageUri`` (spec 2.1, 2.2): type detection and one parser per scheme.
+"""Storage URIs of ``spec.storage.storageUri`` (docs/ome-compatibility.md#21-type-detection, 2.2): type detection and
+one parser per scheme.
 
 Role: turn the URI string into a small frozen value the sources layer can use, or into one clear
 error. :class:`InvalidStorageUri` is the only exception raised; its message is written for humans

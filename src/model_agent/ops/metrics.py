@@ -1,4 +1,5 @@
-"""Prometheus metrics: OME's names, types and labels (spec 11.1), plus this project's safety metrics.
+"""Prometheus metrics: OME's names, types and labels (docs/ome-compatibility.md#111-prometheus-metrics), plus this
+project's safety metrics.
 
 One :class:`Metrics` object owns a private registry (tests create as many agents as they like in one
 process without name clashes); ``/metrics`` serves that registry. Label values follow OME: ``model_type``

@@ -62,7 +62,8 @@ class FetchRequest:
     on_progress: ProgressFn = lambda _p: None
     # The allowed root ``dest`` was confined to; when set, publish refuses a ``dest`` not strictly inside it.
     root: Path | None = None
-    # TensorRT-LLM serving models from OCI (spec 3.3): fetch only objects whose name contains "/{alias}/".
+    # TensorRT-LLM serving models from OCI (docs/ome-compatibility.md#33-tensorrt-llm-shape-filter): fetch only objects
+    # whose name contains "/{alias}/".
     shape_alias: str | None = None
     # Who the fetch is for (sources/egress.py): a tenant BaseModel gets no ambient credentials and only
     # allow-listed endpoints. None: trusted (callers that predate tenancy).

@@ -14,7 +14,8 @@ that downloads one object into staging; this module does the rest, the same way 
 * staging hygiene (:func:`clean_staging`): stray files and part maps that this fetch will not produce are
   removed first, so they can never be published; partial files this fetch wants are kept and resumed;
 * disk: the bytes still to be written are reserved in the capacity registry before any transfer;
-* the TensorRT-LLM shape filter (spec 3.3), when the request names a shape (set for OCI models only);
+* the TensorRT-LLM shape filter (docs/ome-compatibility.md#33-tensorrt-llm-shape-filter), when the request names a
+  shape (set for OCI models only);
 * progress (``scanning`` → ``downloading`` → ``finalizing``) and the revision, a digest of the listing.
 
 :func:`download_each` then runs the downloads with one shared :class:`RangedDownloader` (and HTTP session),
@@ -81,7 +82,8 @@ def listed_object(key: str, size: int, etag: str, prefix: str, md5: str | None =
 
 
 def shape_filtered(objects: list[RemoteObject], alias: str) -> list[RemoteObject]:
-    """The TensorRT-LLM shape filter (spec 3.3): the objects whose full name contains ``/{alias}/``."""
+    """The TensorRT-LLM shape filter (docs/ome-compatibility.md#33-tensorrt-llm-shape-filter): the objects whose full
+    name contains ``/{alias}/``."""
     needle = f"/{alias}/"
     return [o for o in objects if needle in o.key]
 

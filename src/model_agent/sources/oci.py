@@ -1,7 +1,8 @@
 """``oci://`` — OCI Object Storage, through the ``oci`` SDK for the control plane and the ranged engine for bytes.
 
 Role: turn every object under a prefix into a verified file in staging, fetching only what the previous
-manifest does not already hold (spec 10, without its weaknesses). The SDK does the control plane in worker
+manifest does not already hold (docs/ome-compatibility.md#10-oci-object-storage-download, without its weaknesses). The
+SDK does the control plane in worker
 threads: ``GetNamespace`` (URI shape 3 only), ``ListObjects`` page by page (``fields=name,size,md5,etag``,
 ``nextStartWith``) and ``HeadObject`` per object. The bytes move through
 :class:`~model_agent.sources.ranged.RangedDownloader` on the object's URL, every request signed by the SDK's
@@ -9,15 +10,17 @@ signer (parallel ranges, resumable part map, bounded memory, ``If-Match`` on the
 in a worker thread, because a security-token signer (instance / resource principal, workload identity) may
 first refresh its token over the network, and reused for at most a minute per URL (OCI signs the date,
 target and host, not the range). Everything is cancellable: at the next listing page, HEAD or part (OME's
-bulk download could not be cancelled, spec weakness 14).
+bulk download could not be cancelled, docs/ome-compatibility.md#15-weaknesses-of-omes-go-agent, item 14).
 
-URI shapes (spec 2.2, :func:`model_agent.model.uris.parse_oci_uri`): ``oci://n/{namespace}/b/{bucket}/o/{prefix}``,
+URI shapes (docs/ome-compatibility.md#22-grammars, :func:`model_agent.model.uris.parse_oci_uri`): ``oci://n/{namespace}/b/{bucket}/o/{prefix}``,
 ``oci://{namespace}@{region}/{bucket}/{prefix}`` and ``oci://{bucket}/{prefix}`` (namespace looked up with
-``GetNamespace`` of the credentials' tenancy). Layout as S3 (spec 2.4): object ``P/a/b`` becomes ``dest/a/b``;
+``GetNamespace`` of the credentials' tenancy). Layout as S3 (docs/ome-compatibility.md#24-on-disk-layout): object
+``P/a/b`` becomes ``dest/a/b``;
 zero-byte names ending in ``/`` (folder markers) are skipped; path safety, reuse, adoption, staging clean-up
 and disk reservation are :mod:`model_agent.sources.objects`. No objects is ``NoObjects``.
 
-TensorRT-LLM shape filter (spec 3.3): when the caller sets ``FetchRequest.shape_alias`` (a ``tensorrtllm``
+TensorRT-LLM shape filter (docs/ome-compatibility.md#33-tensorrt-llm-shape-filter): when the caller sets
+``FetchRequest.shape_alias`` (a ``tensorrtllm``
 model whose ``additionalMetadata.type`` is ``Serving`` or absent), only objects whose full name contains
 ``/{alias}/`` are fetched (:func:`model_agent.sources.objects.fetch_listed`, so ``s3Compat`` mode too); none
 left is ``NoObjects`` ("no suitable objects found for shape ...").
@@ -48,7 +51,8 @@ is allowed, under the ``s3://`` source's tenant rules (allow-listed endpoint, ch
 without a Secret). So the OCI SDK, which follows redirects and echoes response bodies into its errors, never
 talks on a tenant's behalf.
 
-``spec.storage.key`` is not used by native OCI fetches (spec 10.1: OCI credentials come from the node,
+``spec.storage.key`` is not used by native OCI fetches (docs/ome-compatibility.md#101-client: OCI credentials come from
+the node,
 never a Secret); the agent reads the Secret only in ``s3Compat`` mode (:func:`uses_storage_secret`), so a
 stale ``key`` on an OCI model does not fail it as OME would not.
 

@@ -81,7 +81,8 @@ side by side hold better:
   costs 0.75), sha256 0.70 (SHA-NI), reading back through the mapping 0.15-0.2, the event loop 0.06. To
   disk with fsync: 0.50-0.55 GB/s at 1.7-1.9 CPU-s/GB with sha256; holding a slot until its part is
   recorded no longer costs throughput (0.50 vs 0.50-0.53 GB/s released at completion). The minimal reader
-  of ``performance.md`` (4 threads, readinto + pwrite) costs 1.7 CPU-s/GB on this box today (0.95 when
+  of ``docs/performance.md#3-the-minimal-ranged-reader`` (4 threads, readinto + pwrite) costs 1.7 CPU-s/GB on this box
+  today (0.95 when
   that table was written), ``curl`` 1.3.
 * early writeback (2026-11-30, ``bench/download.py`` W1/W2 to disk with fsync, the disk sampled by
   ``bench/diskstats.py``): ``sync_file_range`` after every buffer kept the disk at 1.3-1.6 MiB per request and

@@ -8,7 +8,8 @@ a worker thread for one hour and renewed every ten minutes, since a URL signed w
 (IRSA, instance roles) dies with them. Blocking boto3 calls run in threads; cancellation takes effect at
 the next ``await`` (a LIST or HEAD page in progress finishes first).
 
-Layout (spec 2.4, as OCI): the prefix is taken as a folder (a trailing ``/`` is added unless it is empty,
+Layout (docs/ome-compatibility.md#24-on-disk-layout, as OCI): the prefix is taken as a folder (a trailing ``/`` is
+added unless it is empty,
 which means the whole bucket); object ``P/a/b`` becomes ``dest/a/b``. Zero-byte keys ending in ``/``
 (folder markers) are skipped. A key that would not be a plain relative path under ``dest`` (``..``, ``.``,
 empty segments, NUL), a key under ``.cache/`` (the staging bookkeeping folder), and two keys where one is a
@@ -65,7 +66,8 @@ mtime and version, so the agent could not see ``x-amz-checksum-*`` values, their
 (whose ETag is not an MD5, so checking it as one would fail good objects); and boto3 carries the complete AWS
 credential chain and S3-compatible knobs. The transfer itself is the ranged engine either way, so the choice
 costs no throughput; boto3 is imported lazily (first S3 fetch), so nodes without S3 models do not pay its
-memory. Throughput must be measured against an nginx origin (``bench/ranged.py``, performance.md section 8),
+memory. Throughput must be measured against an nginx origin (``bench/ranged.py``,
+docs/performance.md#8-the-download-benchmark),
 never moto (about 0.3 GB/s for one stream here, and CPU-bound in Python).
 """
 
