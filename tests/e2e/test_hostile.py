@@ -298,7 +298,8 @@ def build_corpus(
         Case(f"h-hf-deep-{u}", cbm("", "hf://a/b/c/d", p), "InvalidStorageUri", "invalid repository id"),
         Case(f"h-hf-dotdot-{u}", cbm("", "hf://org/..", p), "InvalidStorageUri", "invalid repository id"),
         Case(f"h-hf-query-{u}", cbm("", "hf://acme/x?y=../../z", p), "InvalidStorageUri", "invalid repository id"),
-        Case(f"h-hf-rev-empty-{u}", cbm("", "hf://acme/x@", p), "InvalidStorageUri", "empty revision"),
+        # A bare trailing "@" is the default branch (issue 19, as OME); an empty segment is refused.
+        Case(f"h-hf-rev-empty-{u}", cbm("", "hf://acme/x@a//b", p), "InvalidStorageUri", "invalid revision"),
         Case(f"h-hf-rev-dotdot-{u}", cbm("", "hf://acme/x@..", p), "InvalidStorageUri", "invalid revision"),
         Case(f"h-hf-rev-up-{u}", cbm("", "hf://acme/x@refs/../../etc", p), "InvalidStorageUri", "invalid revision"),
         Case(f"h-hf-ctl-{u}", cbm("", "hf://acme/x\r\nHost: evil", p), "InvalidStorageUri", "control characters"),
