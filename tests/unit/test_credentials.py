@@ -79,3 +79,35 @@ async def test_a_tenant_keeps_its_own_tokens() -> None:
 def test_model_owner() -> None:
     assert model_owner(_model("ClusterBaseModel")) == Owner(CLUSTER_KIND)
     assert model_owner(_model("BaseModel", "team-evil")) == Owner(NAMESPACED_KIND, "team-evil")
+
+
+async def test_only_credential_values_of_a_tenant_secret_are_masked_in_logs() -> None:
+    """A tenant's Secret values like "Failed" or "BaseModel/team-a" must not mask ordinary log text."""
+    from model_agent.agent.credentials import read_storage_secret
+    from model_agent.ops import logging as agent_logging
+
+    secret = {
+        "AWS_SECRET_ACCESS_KEY": "tenant-secret-access-key-0001",
+        "sasToken": "sv=2024&sig=tenantSasSignature0001",
+        "note": "Failed: BaseModel/team-a/llama model",
+        "region": "us-east-1-and-more",
+    }
+    client = _Secrets({"/api/v1/namespaces/team-evil/secrets/s3": secret})
+    obj = ModelObject.from_dict(
+        "BaseModel",
+        {
+            "metadata": {"name": "m", "namespace": "team-evil", "uid": "u1"},
+            "spec": {"storage": {"storageUri": "s3://b/p", "key": "s3"}},
+        },
+    )
+    before = agent_logging.registered_count()
+    try:
+        data = await read_storage_secret(cast(KubeClient, client), obj, "ome")
+        assert data == secret  # every value is still handed to the source
+        assert agent_logging.registered_count() == before + 2
+        line = agent_logging._mask("Failed: BaseModel/team-a/llama model in us-east-1-and-more")
+        assert line == "Failed: BaseModel/team-a/llama model in us-east-1-and-more"
+        assert "tenant-secret-access-key-0001" not in agent_logging._mask("key tenant-secret-access-key-0001")
+    finally:
+        for value in secret.values():
+            agent_logging.forget_secret(value)

@@ -30,7 +30,7 @@ from model_agent.kube.client import ApiError, KubeClient
 from model_agent.kube.resources import SECRETS
 from model_agent.model.keys import ModelKind
 from model_agent.model.resources import ModelObject
-from model_agent.ops.logging import register_secret
+from model_agent.ops.logging import is_credential_name, register_secret
 from model_agent.sources.base import SourceError
 from model_agent.sources.egress import CLUSTER_KIND, NAMESPACED_KIND, Owner, current, is_trusted
 
@@ -112,7 +112,10 @@ async def read_storage_secret(client: KubeClient, obj: ModelObject, agent_namesp
 
     None when no key is named. Same namespace rule and errors as :func:`resolve_hf_token`: a named Secret
     that is missing is ``SecretNotFound``, not a fall-back to ambient credentials. Values are stripped of
-    surrounding whitespace and registered for log masking; entries that are not text are left out.
+    surrounding whitespace; entries that are not text are left out. Only values under a credential-like key
+    (``*secret*``, ``*token*``, ``*key*``, ``*password*``, ``*sas*``...) are registered for log masking: a
+    tenant's Secret may hold anything, and a value like ``model`` registered for masking would mangle
+    every later log line.
     """
     if not obj.spec.storage.key:
         return None
@@ -122,6 +125,7 @@ async def read_storage_secret(client: KubeClient, obj: ModelObject, agent_namesp
         value = _decode(raw) if isinstance(raw, str) else None
         if value is None:
             continue
-        register_secret(value)
+        if is_credential_name(str(name)):
+            register_secret(value)
         data[str(name)] = value
     return data

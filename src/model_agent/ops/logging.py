@@ -23,6 +23,8 @@ from typing import Any, Final
 import structlog
 
 _SENSITIVE_KEYS = ("token", "secret", "password", "authorization", "credential")
+# Secret data keys whose values are credentials (the sources' key names all contain one of these).
+_CREDENTIAL_NAME_PARTS = (*_SENSITIVE_KEYS, "key", "sas", "passphrase", "private")
 MIN_SECRET_LENGTH: Final = 12
 MAX_SECRETS: Final = 1024
 _REDACTED: Final = "[REDACTED]"
@@ -47,6 +49,12 @@ def register_secret(value: str | None) -> None:
     while len(_registered) > MAX_SECRETS:
         del _registered[next(iter(_registered))]
     _pattern = None
+
+
+def is_credential_name(name: str) -> bool:
+    """Whether a Secret data key (or a log field) names a credential, e.g. ``AWS_SECRET_ACCESS_KEY``, ``sasToken``."""
+    lowered = name.lower()
+    return any(s in lowered for s in _CREDENTIAL_NAME_PARTS)
 
 
 def forget_secret(value: str) -> None:
