@@ -56,7 +56,7 @@ from model_agent.local.trash import Trash
 from model_agent.model.entry import DownloadProgress, ModelEntry, rfc3339
 from model_agent.model.keys import ModelState
 from model_agent.model.metadata import MetadataError, ParsedMetadata, parse_model_dir
-from model_agent.model.resources import InvalidModel, ModelObject, ModelRef, skip_config_parsing
+from model_agent.model.resources import InvalidModel, ModelObject, ModelRef, reserve_artifact, skip_config_parsing
 from model_agent.model.selection import DEFAULT_INSTANCE_TYPE_MAP, instance_shape_alias, node_selected
 from model_agent.model.uris import (
     InvalidStorageUri,
@@ -291,8 +291,11 @@ class Reconciler:
             await self._clean_staging(ref)
         if decision.act == Act.READY:
             assert current is not None
-            if current.uid != obj.metadata.uid:
+            reserved = reserve_artifact(obj)
+            if (current.uid, current.reserved, current.removing) != (obj.metadata.uid, reserved, ""):
                 current.uid = obj.metadata.uid  # same source and path, recreated object: adopt
+                current.reserved = reserved  # a removal honours it even once the object is gone
+                current.removing = ""  # wanted and intact: a removal recorded before a restart is void
                 await asyncio.to_thread(ctx.manifests.save, current, target.root)
             await self._publish_state(ref, obj, ModelState.READY, manifest=current)
             self._enrich_spec_later(ref, obj, raw, current)
@@ -516,6 +519,7 @@ class Reconciler:
             generation=obj.metadata.generation,
             source_type=target.storage_type.value,
             owned=True,
+            reserved=reserve_artifact(obj),
             files=files,
             metadata=metadata,
             owner=owner_of_model(obj).fingerprint,
