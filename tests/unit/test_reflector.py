@@ -64,9 +64,9 @@ def test_an_old_resource_version_refused_at_once_relists_at_once() -> None:
     assert plan_next(attempt, 3.2) == Plan(True, 0.0, 3.2)
 
 
-def test_a_fresh_list_whose_watch_expires_at_once_relists_after_the_backoff() -> None:
+def test_a_fresh_list_whose_watch_expires_at_once_relists_after_a_minimum_wait() -> None:
     attempt = Attempt(Phase.WATCH, Result.GONE, SHORT, after_relist=True)
-    assert plan_next(attempt, 0.8) == Plan(True, 0.8, 1.6)
+    assert plan_next(attempt, 3.2) == Plan(True, BACKOFF_INITIAL_S, 3.2)  # a floor: the LIST itself worked
 
 
 def test_a_failed_watch_retries_the_watch_after_the_backoff() -> None:

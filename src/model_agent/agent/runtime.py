@@ -233,8 +233,6 @@ class Agent:
         except ValueError:
             return
         self._label_index[ref.label_key] = ref.key
-        # For a delete this is the store's last state: the only place a plain delete leaves the reserve label.
-        self.remover.note_last_state(ref.key, obj)
         self.confirmer.heard(ref.key)  # a removal candidate from now on needs a read newer than this
         self.queue.add(ref.key)
 
@@ -431,6 +429,8 @@ class Agent:
             # Deterministic per node, so a DaemonSet restart spreads its LISTs across the fleet.
             spread = zlib.crc32(self.settings.node_name.encode()) % 1000 / 1000 * self.settings.startup_jitter_s
             await asyncio.sleep(spread)
+        # The tick first: /livez speaks for the loop while the first LISTs are still running.
+        self.supervisor.spawn("loop tick", self._tick)
         for reflector in self.reflectors:
             self.supervisor.spawn(f"reflector {reflector.name}", reflector.run, recovered=_progressed_since(reflector))
         await asyncio.gather(*(r.synced.wait() for r in self.reflectors))
@@ -442,7 +442,6 @@ class Agent:
         self._spawn_periodic("resync", self.settings.resync_interval_s, self._resync)
         self._spawn_periodic("purge", min(60.0, max(1.0, self.settings.trash_grace_s / 10)), self._purge)
         self._spawn_periodic("verify", self.settings.verify_interval_s, self._verify_pass)
-        self.supervisor.spawn("loop tick", self._tick)
         self.enqueue_all()
         log.info("agent started", node=self.settings.node_name, models=len(self.known_keys()))
 
@@ -451,6 +450,7 @@ class Agent:
         supervision gauges, every five the model counts."""
         window = LagWindow(60.0)
         last_gauges = last_states = 0.0
+        self.last_loop_tick = time.monotonic()
         while True:
             before = time.monotonic()
             await asyncio.sleep(LOOP_TICK_S)

@@ -5,9 +5,10 @@ resourceVersion with bookmarks → apply each event → on the stream's normal e
 seen resourceVersion; on ``410 Gone`` (or an ERROR event) relist; on any other failure back off (0.8 s
 doubling to 30 s, jittered) and retry. What follows each attempt is decided by :func:`plan_next` (a pure
 table, unit-tested row by row): a LIST that fails — a ``410`` on its ``continue`` token included — is
-retried with backoff, never at once; a watch that ends (or is refused) within ``MIN_WATCH_S`` of opening
-is reopened only after a backoff, so a server that closes every watch at once cannot make it spin; a watch
-that ran longer resets the backoff, and its ``410`` relists at once.
+retried with backoff, never at once; a watch that ends within ``MIN_WATCH_S`` of opening is reopened only
+after a (growing) backoff, so a server that closes every watch at once cannot make it spin, and one expired
+(``410``) right after the LIST it started from relists only after a minimum wait; a watch that ran longer
+resets the backoff, and its ``410`` relists at once.
 
 Guarantees:
 * the change callback is synchronous and must not block: it only says "look at key K again", so a slow
@@ -96,7 +97,8 @@ def plan_next(attempt: Attempt, backoff_s: float) -> Plan:
     watch  ended   shorter                                     no       backoff          doubled
     watch  gone    lasted >= MIN_WATCH_S, or resumed an old    yes      0                reset if it
                    resourceVersion (not right after a LIST)                              lasted
-    watch  gone    shorter, right after a LIST                 yes      backoff          doubled
+    watch  gone    shorter, right after a LIST                 yes      the floor        unchanged
+                                                                        (initial)
     watch  failed  any                                         no (yes  backoff (reset   doubled
                                                                w/o rv)  first if it
                                                                         lasted)
@@ -113,7 +115,9 @@ def plan_next(attempt: Attempt, backoff_s: float) -> Plan:
     if attempt.result == Result.GONE:
         if lasted or not attempt.after_relist:
             return Plan(relist=True, delay_s=0.0, backoff_s=BACKOFF_INITIAL_S if lasted else backoff_s)
-        return Plan(relist=True, delay_s=backoff_s, backoff_s=grown)
+        # A floor, not a growing wait: the LIST just succeeded, so this is no outage; the floor only keeps a
+        # server that expires every fresh watch from turning the reflector into a LIST loop.
+        return Plan(relist=True, delay_s=BACKOFF_INITIAL_S, backoff_s=backoff_s)
     base = BACKOFF_INITIAL_S if lasted else backoff_s
     return Plan(relist=not attempt.have_resource_version, delay_s=base, backoff_s=min(base * 2, BACKOFF_CAP_S))
 
