@@ -20,7 +20,6 @@ import contextlib
 import dataclasses
 import json
 import os
-import shutil
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -49,6 +48,7 @@ from model_agent.agent.removal import Candidate, Remover
 from model_agent.agent.requeue import Requeue
 from model_agent.kube.client import ApiError, ApiUnavailable, KubeClient
 from model_agent.kube.resources import MODEL_RESOURCES
+from model_agent.local.inventory import delete_discarded, discard
 from model_agent.local.layout import Layout, PathRefused, Root, token_for
 from model_agent.local.listing import list_local_files
 from model_agent.local.manifest import FileRecord, Manifest, ManifestStore
@@ -373,13 +373,18 @@ class Reconciler:
     async def _clean_staging(self, ref: ModelRef) -> None:
         """Remove this key's staging: no job of the wanted target uses it (an obsolete or deferred fetch's copy).
 
-        Staging is the agent's scratch space, never a model's published weights; it is removed in a thread.
+        Staging is the agent's scratch space, never a model's published weights. As the inventory does, the area
+        is renamed out of ``staging/`` at once (a fetch starting a moment later finds no half-deleted directory)
+        and deleted in a thread.
         """
+        discarded = False
         for root in self.ctx.layout.roots:
             staging = root.staging / token_for(ref.key)
-            if staging.exists():
-                log.info("removing staging no fetch owns", key=ref.key, staging=str(staging))
-                await asyncio.to_thread(shutil.rmtree, staging, True)
+            if staging.exists() and discard(root, staging) is not None:
+                log.info("removed staging no fetch owns", key=ref.key, staging=str(staging))
+                discarded = True
+        if discarded:
+            await asyncio.to_thread(delete_discarded, self.ctx.layout)
 
     async def _ensure_fetch(
         self,
