@@ -32,8 +32,9 @@ from model_agent.sources.base import Progress, SourceError
 
 T = TypeVar("T")
 
-# Phases in which the clock runs: the fetch is moving bytes (or should be).
-TRANSFER_PHASES = frozenset({"downloading", "finalizing"})
+# Phases in which the clock runs: the fetch is moving bytes (or should be). Not "finalizing": hashing and
+# publishing a large model move no bytes and are bounded by the disk, not by a peer.
+TRANSFER_PHASES = frozenset({"downloading"})
 
 
 @dataclass(frozen=True)

@@ -31,6 +31,7 @@ import structlog
 
 from model_agent.agent.converge import Act, Facts, FailureFact, JobFact, LocalDir, ManifestFact, TargetKind, decide
 from model_agent.agent.credentials import model_owner, read_storage_secret, resolve_hf_token
+from model_agent.agent.download_limits import DownloadLimits, run_within_limits
 from model_agent.agent.fetcher import Fetcher, Job
 from model_agent.agent.node_configmap import NodeConfigMap
 from model_agent.agent.node_labels import NodeLabels
@@ -135,6 +136,8 @@ class Context:
     sources: dict[StorageType, Source] = field(default_factory=dict)
     # INSTANCE_TYPE_MAP (spec 3.1): node instance type -> shape alias, for the TensorRT-LLM filter.
     instance_type_map: Mapping[str, str] = field(default_factory=lambda: DEFAULT_INSTANCE_TYPE_MAP)
+    # --download-timeout / --download-min-rate: a whole fetch's deadlines (agent/download_limits.py).
+    download_limits: DownloadLimits = field(default_factory=DownloadLimits)
 
 
 def _store_key(ref: ModelRef) -> str:
@@ -489,7 +492,11 @@ class Reconciler:
         try:
             async with ctx.origin_slots(target.storage_uri, queued):
                 try:
-                    result = await ctx.sources.get(target.storage_type, ctx.hf).fetch(request)
+                    result = await run_within_limits(
+                        ctx.sources.get(target.storage_type, ctx.hf).fetch(request),
+                        lambda: job.progress,
+                        ctx.download_limits,
+                    )
                 except SourceError as exc:
                     if target.storage_type == StorageType.OCI and exc.reason == "VerificationFailed":
                         ctx.metrics.verifications.labels(*labels, "failure").inc()

@@ -211,6 +211,7 @@ class Agent:
                 },
                 instance_type_map=parse_instance_type_map(os.environ.get(INSTANCE_TYPE_MAP_ENV)),
                 origin_slots=self.origin.hold,
+                download_limits=settings.download_limits(),
             )
         )
         self._label_index: dict[str, str] = {}
@@ -233,6 +234,8 @@ class Agent:
         except ValueError:
             return
         self._label_index[ref.label_key] = ref.key
+        # For a delete this is the store's last state: the only place a plain delete leaves the reserve label.
+        self.remover.note_last_state(ref.key, obj)
         self.confirmer.heard(ref.key)  # a removal candidate from now on needs a read newer than this
         self.queue.add(ref.key)
 

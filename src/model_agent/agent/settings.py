@@ -17,6 +17,7 @@ from typing import Annotated, Any
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from model_agent.agent.download_limits import DownloadLimits
 from model_agent.local.capacity import parse_size
 from model_agent.sources.egress import TenancyPolicy
 from model_agent.sources.ranged import RangedConfig
@@ -38,6 +39,9 @@ class Settings(BaseSettings):
     node_label_retry: int = 5
     concurrency: int = 4
     disk_reserve: str = "10%"  # free space kept beyond every download: a share of the filesystem or a size
+    download_timeout_s: float = 0.0  # longest transfer of one model, seconds (0: no limit); waiting is free
+    download_min_rate: float = 10240.0  # bytes/s a transfer must move over download_min_rate_window_s (0: off)
+    download_min_rate_window_s: float = 300.0
     multipart_concurrency: int = 0  # ranged parts in flight per node across large files (0: the engine's default)
     multipart_part_size: str = ""  # bytes per ranged part, e.g. "16Mi" ("": the engine's default)
     log_level: str = Field(default="info", validation_alias="LOG_LEVEL")
@@ -116,6 +120,14 @@ class Settings(BaseSettings):
         if value < 0:
             raise ValueError("must be 0 (the default) or more")
         return value
+
+    def download_limits(self) -> DownloadLimits:
+        """Deadlines of one model's fetch (``agent/download_limits.py``)."""
+        return DownloadLimits(
+            timeout_s=self.download_timeout_s,
+            min_rate_bytes_s=self.download_min_rate,
+            window_s=self.download_min_rate_window_s,
+        )
 
     def ranged_config(self) -> RangedConfig:
         """The ranged download engine's tuning: its measured defaults unless a flag says otherwise."""

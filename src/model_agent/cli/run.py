@@ -22,8 +22,8 @@ from pydantic import ValidationError
 from model_agent.agent.runtime import Agent
 from model_agent.agent.settings import Settings
 from model_agent.kube.client import KubeClient
-from model_agent.ops import logging as agent_logging
 from model_agent.local.layout import check_roots
+from model_agent.ops import logging as agent_logging
 from model_agent.ops.http import HealthServer, HealthSources
 from model_agent.sources import egress
 
@@ -57,6 +57,15 @@ def run(
         str | None, Opt(help="Free space kept beyond downloads: '10%' (default) or a size.")
     ] = None,
     kubeconfig: Annotated[Path | None, Opt(help="Kubeconfig file (default: in-cluster, then KUBECONFIG).")] = None,
+    download_timeout: Annotated[
+        float | None, Opt(help="Longest transfer of one model, seconds; queueing is free (default 0: none).")
+    ] = None,
+    download_min_rate: Annotated[
+        float | None, Opt(help="Bytes/s a transfer must move over the window, else it fails (default 10240; 0: off).")
+    ] = None,
+    download_min_rate_window: Annotated[
+        float | None, Opt(help="Window of --download-min-rate, seconds (default 300).")
+    ] = None,
     confirm_timeout: Annotated[float | None, Opt(help="Deadline of a confirmation read, seconds (default 10).")] = None,
     trash_grace: Annotated[float | None, Opt(help="Seconds quarantined weights are kept (default 3600).")] = None,
     delete_breaker_ratio: Annotated[
@@ -111,6 +120,9 @@ def run(
         "multipart_part_size": multipart_part_size,
         "kubeconfig": kubeconfig,
         "disk_reserve": disk_reserve,
+        "download_timeout_s": download_timeout,
+        "download_min_rate": download_min_rate,
+        "download_min_rate_window_s": download_min_rate_window,
         "confirm_timeout_s": confirm_timeout,
         "trash_grace_s": trash_grace,
         "delete_breaker_ratio": delete_breaker_ratio,
@@ -140,8 +152,8 @@ def run(
         kwargs["LOG_LEVEL"] = log_level
     try:
         settings = Settings(**kwargs)
-        agent_logging.configure(settings.log_level)
         check_roots(settings.models_root_dir, list(settings.allowed_roots))  # nested roots: refused here
+        agent_logging.configure(settings.log_level)
         egress.configure(settings.tenancy_policy())  # before any fetch: the rules every source applies
     except (ValidationError, ValueError) as exc:
         typer.echo(f"error: invalid configuration: {exc}", err=True)
