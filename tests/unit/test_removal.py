@@ -825,3 +825,20 @@ def test_the_manifest_count_follows_saves_and_deletes_without_reading_files(env:
     assert env.manifests.count() == 2
     (env.layout.primary.manifests / "garbled.json").write_text("{")
     assert ManifestStore(env.layout).count() == 3  # a fresh store (a restart) reads the names from disk
+
+
+@pytest.mark.parametrize("spelling", ["{d}", "{d}/", "{parent}//x", "{link}/x"])
+def test_a_spec_naming_the_same_directory_differently_still_wants_it(tmp_path: Path, spelling: str) -> None:
+    """A trailing '/', '//' or a symlinked root name the manifest's directory: the old copy is not retired."""
+    from model_agent.agent.removal import _same_dir, _wants
+
+    real = tmp_path / "models"
+    (real / "x").mkdir(parents=True)
+    link = tmp_path / "link"
+    link.symlink_to(real)
+    dest = str(real / "x")
+    raw = spelling.format(d=dest, parent=real, link=link)
+    assert _same_dir({"path": raw}, dest)
+    assert _wants({"spec": {"storage": {"storageUri": "hf://a/b", "path": raw}}}, "hf://a/b", dest)
+    assert not _same_dir({"path": str(real / "y")}, dest)
+    assert _same_dir({"storageUri": f"local://{dest}"}, dest)  # local:// without a path names the URI's

@@ -33,6 +33,7 @@ Each decision is counted (``model_agent_delete_confirmations{outcome}``) and eac
 from __future__ import annotations
 
 import asyncio
+import os
 import shutil
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -178,7 +179,7 @@ class Remover:
         live = confirmation.live
         if live is not None and confirmation.outcome == Outcome.ALIVE_SAME_UID:
             storage = (live.get("spec") or {}).get("storage") or {}
-            if storage.get("storageUri") == manifest.storage_uri and (storage.get("path") or "") == manifest.dest:
+            if storage.get("storageUri") == manifest.storage_uri and _same_dir(storage, manifest.dest):
                 raise Requeue("cache and server disagree about the spec; waiting for the watch")
         act_key = superseded_key(ref, manifest)
         decision = ctx.breaker.decide(act_key, total_models=self._model_count(), settled=bool(manifest.removing))
@@ -423,4 +424,20 @@ def _reserved_in(obj: dict[str, Any]) -> bool:
 
 def _wants(live: dict[str, Any] | None, storage_uri: str, dest: str) -> bool:
     storage = ((live or {}).get("spec") or {}).get("storage") or {}
-    return bool(storage.get("storageUri") == storage_uri and (storage.get("path") or "") == dest)
+    return bool(storage.get("storageUri") == storage_uri and _same_dir(storage, dest))
+
+
+def _same_dir(storage: dict[str, Any], dest: str) -> bool:
+    """Whether a spec's storage names the directory ``dest`` (a manifest's resolved destination).
+
+    Compared resolved, as the reconciler's targets are: ``/m/x/``, ``/m//x`` and a path through a symlinked
+    models root are the same directory, and reading them as different would retire a copy the live spec
+    still wants. A ``local://`` model without ``spec.storage.path`` names the URI's path.
+    """
+    raw = storage.get("path") or ""
+    uri = str(storage.get("storageUri") or "")
+    if not raw and uri.startswith("local://"):
+        raw = uri.removeprefix("local://")
+    if not isinstance(raw, str) or not raw:
+        return False
+    return os.path.realpath(raw) == os.path.realpath(dest)
