@@ -8,7 +8,10 @@ Against the real API server, with the agent as a subprocess:
 * a removal whose weights the trash refuses (a directory above them replaced by a symlink) is retried
   without ever counting toward the delete breaker, while the node's other removals proceed;
 * three of seven models deleted at once, with the default settle and debounce, are removed promptly and
-  never held: the breaker's share is taken against the seven the window started with.
+  never held: the breaker's share is taken against the seven the window started with;
+* the agent SIGKILLed at each step of a removal (its label PATCH, then its entry PATCH, stalled at the fault
+  proxy): at no observed instant is the label ``Ready`` while the weights are not at their path, and a restarted
+  agent completes the recorded removal.
 """
 
 from __future__ import annotations
@@ -26,10 +29,13 @@ import pytest
 from model_agent.devenv.olah import create_model_repo
 from model_agent.kube.client import ApiError
 from model_agent.kube.resources import CLUSTERBASEMODELS
+from model_agent.local.layout import Layout
+from model_agent.local.manifest import ManifestStore
 from model_agent.model.keys import RESERVE_MODEL_ARTIFACT_LABEL, configmap_key, node_label_key
 from tests.e2e.conftest import AgentFactory
 from tests.support.agent import AgentProcess
-from tests.support.kube import Kube, cbm
+from tests.support.faultproxy import FaultProxy, Rule, stall
+from tests.support.kube import Kube, LabelHistory, cbm
 from tests.support.models import tiny_llama
 from tests.support.waiting import eventually
 
@@ -314,3 +320,96 @@ async def _three_of_seven(
     for name in names[3:]:
         assert await label_and_entry(kube, agent, name) == ("Ready", "Ready")
         assert weights_at(*made[name])
+
+
+# ------------------------------------------------------------------- killed at each step of a removal
+
+
+class ReadyWithoutWeights:
+    """Samples, until stopped, whether the label says ``Ready`` while the weights are not at their path.
+
+    Each sample looks at the path first, then reads the label: with the removal order (label, entry, then the
+    weights) a missing path followed by a ``Ready`` label means both held at the instant the path was looked
+    at. The other order would report a false violation whenever the agent removed the label and moved the
+    weights between the two reads.
+    """
+
+    def __init__(self, kube: Kube, agent: AgentProcess, name: str, dest: Path, files: dict[str, bytes]) -> None:
+        self.kube, self.agent, self.name, self.dest, self.files = kube, agent, name, dest, files
+        self.samples = 0
+        self.violations: list[str] = []
+        self._stop = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+
+    async def _run(self) -> None:
+        label_key = node_label_key(CBM, "", self.name)
+        while not self._stop.is_set():
+            present = weights_at(self.dest, self.files)
+            label = (await self.kube.node_labels(self.agent.node)).get(label_key)
+            self.samples += 1
+            if label == "Ready" and not present:
+                self.violations.append(f"sample {self.samples}: label Ready, weights not at {self.dest}")
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stop.wait(), timeout=0.02)  # the sampling period, not a sync point
+
+    async def __aenter__(self) -> ReadyWithoutWeights:
+        self._task = asyncio.create_task(self._run())
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        self._stop.set()
+        if self._task is not None:
+            await self._task
+
+
+@pytest.mark.parametrize("step", ["label", "entry"])
+async def test_kill_at_each_removal_step_never_leaves_ready_without_weights(
+    kube: Kube, mirrors_root: Path, make_agent: AgentFactory, proxy: FaultProxy, unique: str, step: str
+) -> None:
+    agent = await make_agent(via=proxy.kubeconfig)  # type: ignore[attr-defined]
+    name = f"killed-{unique}"
+    made = await create_models(kube, agent, mirrors_root, [name], seed=70)
+    dest, files = made[name]
+    written = (
+        rf"^/api/v1/nodes/{agent.node}$" if step == "label" else rf"^/api/v1/namespaces/ome/configmaps/{agent.node}$"
+    )
+    async with (
+        LabelHistory(kube, agent.node, node_label_key(CBM, "", name)) as history,
+        ReadyWithoutWeights(kube, agent, name, dest, files) as sampler,
+    ):
+        # The removal's write of this step is held at the proxy (never forwarded): the agent is killed inside it.
+        stalled = proxy.add_rule(Rule(path=written, method="PATCH", action=stall(None, then="drop"), name="removal"))
+        await kube.delete_model(CBM, name)
+
+        async def write_stalled() -> bool:
+            return stalled.fired >= 1
+
+        await eventually(write_stalled, timeout=30, what=f"the removal's {step} PATCH stalled at the proxy")
+        agent.kill()
+        proxy.clear_rules()
+        # Killed at that step: the weights are still at their path and the manifest still records the intent.
+        assert weights_at(dest, files), "the weights moved before the label and entry were gone"
+        label, entry = await label_and_entry(kube, agent, name)
+        assert (label, entry) == (("Ready", "Ready") if step == "label" else (None, "Ready"))
+        assert trash_ids(agent) == []
+        recorded = ManifestStore(Layout(agent.models_root)).load(f"{CBM}//{name}")
+        assert recorded is not None and recorded.removing, "the removal's intent was not recorded before the label"
+
+        agent.start()
+        await asyncio.to_thread(agent.wait_ready)
+
+        async def removal_completed() -> bool:
+            gone = await label_and_entry(kube, agent, name) == (None, None) and not dest.exists()
+            recorded = ManifestStore(Layout(agent.models_root)).load(f"{CBM}//{name}")
+            return gone and recorded is None and bool(trash_ids(agent))
+
+        await eventually(removal_completed, timeout=60, what="the recorded removal completed after the restart")
+    assert [e["key"] for e in trash_list(agent)] == [f"{CBM}//{name}"]
+    assert sampler.samples > 10, f"only {sampler.samples} samples"
+    assert sampler.violations == []
+    # The watch (from a label already Ready) saw it go once and for good: never Ready again, nothing else.
+    assert history.values and history.values[-1] is None, history.values
+    first_gone = history.values.index(None)
+    assert set(history.values[:first_gone]) <= {"Ready"}, history.values
+    assert set(history.values[first_gone:]) == {None}, history.values
+    assert agent.metric("model_agent_quarantined_total") == 1
