@@ -65,7 +65,8 @@ from model_agent.local.layout import Layout, token_for
 from model_agent.local.manifest import ManifestStore
 from model_agent.local.trash import Trash
 from model_agent.local.verify import mark_damaged, verify_manifest
-from model_agent.model.keys import MODEL_LABEL_DOMAIN, ModelKind, parse_configmap_key
+from model_agent.model import key_owners
+from model_agent.model.keys import MODEL_LABEL_DOMAIN, ModelKind
 from model_agent.model.resources import ModelRef
 from model_agent.model.selection import INSTANCE_TYPE_MAP_ENV, parse_instance_type_map
 from model_agent.model.uris import StorageType
@@ -218,6 +219,8 @@ class Agent:
         self.unmanaged: list[Path] = []
         self._inventory_keys: set[str] | None = None  # the next inventory pass's keys, while one is due
         self._inventory_task: asyncio.Task[None] | None = None
+        # (where, key) of labels and ConfigMap keys that map to no known model, each logged once.
+        self._unresolved: dict[tuple[str, str], key_owners.Unresolved] = {}
         self.supervisor = Supervisor(on_failure=lambda name: self.metrics.task_failures.labels(name).inc())
         self._workers: list[asyncio.Task[None]] = []
         self.started = asyncio.Event()
@@ -266,12 +269,18 @@ class Agent:
         if change.new is None or not self.node_configmap.identity_ok():
             self.enqueue_all()  # deleted, or stripped of the label the controller needs
             return
-        cached = {r.configmap_key: r.key for r in self._cached_refs()}
-        for key in set(old) | set(new):
-            if old.get(key) != new.get(key) and new.get(key) != self.node_configmap.written.get(key):
-                model_key = self._ref_for_configmap_key(key, cached)
-                if model_key is not None:
-                    self.queue.add(model_key)
+        changed = {
+            key: new.get(key) or old.get(key) or ""  # a removed entry's last value still names its model
+            for key in set(old) | set(new)
+            if old.get(key) != new.get(key) and new.get(key) != self.node_configmap.written.get(key)
+        }
+        if not changed:
+            return
+        owners = key_owners.resolve(self._real_keys(), changed, ())
+        for model_keys in owners.by_configmap_key.values():
+            for model_key in model_keys:
+                self.queue.add(model_key)
+        self._note_unresolved(owners.unresolved, complete=False)
 
     def _on_breaker_change(self, opened: bool, message: str) -> None:
         self.metrics.breaker_open.set(1 if opened else 0)
@@ -354,32 +363,46 @@ class Agent:
                 )
         return refs
 
-    def _ref_for_configmap_key(self, cm_key: str, cached: dict[str, str]) -> str | None:
-        """The model a ConfigMap key belongs to: a cached model's own key first (a truncated key parses back to
-        a name that no object has), else the key read back as OME's controller does."""
-        if cm_key in cached:
-            return cached[cm_key]
-        ref = _ref_from_configmap_key(cm_key)
-        return ref.key if ref is not None else None
+    def _real_keys(self) -> set[str]:
+        """Models known to be real: cached objects and local records (each holds the model's whole name)."""
+        keys = {r.key for r in self._cached_refs()}
+        keys.update(m.key for m in self.manifests.all())
+        return keys
 
     def known_keys(self) -> set[str]:
-        refs = self._cached_refs()
-        keys: set[str] = {r.key for r in refs}
-        keys.update(m.key for m in self.manifests.all())
-        cached = {r.configmap_key: r.key for r in refs}
-        for cm_key in self.node_configmap.data():
-            key = self._ref_for_configmap_key(cm_key, cached)
-            if key is not None:
-                keys.add(key)
-        # A model label with no model behind it (left by a crash, or by another agent) is a candidate too; its
-        # name part has the ConfigMap key's format.
-        cached_labels = {r.label_key: r.key for r in refs}
-        prefix = MODEL_LABEL_DOMAIN + "/"
-        for label_key in self.labels.model_labels():
-            key = cached_labels.get(label_key) or self._ref_for_configmap_key(label_key.removeprefix(prefix), {})
-            if key is not None:
-                keys.add(key)
+        """Every model to look at: real ones, and those the node's labels and ConfigMap entries belong to.
+
+        A label or entry is mapped back through the real models and the entries' names first
+        (:mod:`~model_agent.model.key_owners`): a truncated key parsed on its own names a model that never
+        existed, whose 404 would "prove" it gone and count toward the breaker. What maps to no real name is
+        left alone, logged and counted (``model_agent_unresolved_keys``): no read can prove it an orphan.
+        """
+        keys = self._real_keys()
+        owners = key_owners.resolve(keys, self.node_configmap.data(), self.labels.model_labels())
+        keys.update(owners.keys())
+        self._note_unresolved(owners.unresolved, complete=True)
         return keys
+
+    def _note_unresolved(self, unresolved: list[key_owners.Unresolved], *, complete: bool) -> None:
+        """Log each label or entry that maps to no model once (until it resolves or goes), and count them.
+
+        ``complete``: these are all of them (a whole pass), not just those of one change.
+        """
+        current: dict[tuple[str, str], key_owners.Unresolved] = {(u.where, u.key): u for u in unresolved}
+        for ident, item in current.items():
+            if ident not in self._unresolved:
+                log.warning(
+                    "label or ConfigMap key maps to no known model; left alone",
+                    where=item.where,
+                    key=item.key,
+                    why=item.why,
+                )
+        if complete:
+            self._unresolved = current
+        else:
+            self._unresolved.update(current)
+        for where in ("label", "configmap"):
+            self.metrics.unresolved_keys.labels(where).set(sum(1 for w, _ in self._unresolved if w == where))
 
     def enqueue_all(self) -> None:
         if not self.started.is_set():
@@ -657,6 +680,8 @@ class Agent:
             "trash": [e.to_json() for e in self.trash.entries()],
             "configmap": self.node_configmap.usage(),
             "unmanaged": [str(p) for p in self.unmanaged],
+            # Labels and ConfigMap keys of no known model (known_keys above refreshed them): left alone.
+            "unresolved": [{"where": u.where, "key": u.key, "why": u.why} for u in self._unresolved.values()],
             "models": models,
         }
 
@@ -669,13 +694,3 @@ class Agent:
 def _progressed_since(reflector: Reflector) -> Recovered:
     """A restarted reflector works again once it made progress (a LIST or an event) after its failure."""
     return lambda failed_at: reflector.last_progress > failed_at
-
-
-def _ref_from_configmap_key(key: str) -> ModelRef | None:
-    parsed = parse_configmap_key(key)
-    if parsed is None:
-        return None
-    try:
-        return ModelRef(ModelKind(parsed.kind), parsed.namespace, parsed.name)
-    except ValueError:
-        return None

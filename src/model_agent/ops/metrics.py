@@ -97,6 +97,12 @@ class Metrics:
             "model_agent_unmanaged_directories", "Directories under the roots that no manifest explains", registry=r
         )
         self.fetched_bytes = Counter("model_agent_fetched_bytes", "Bytes fetched from sources", registry=r)
+        self.unresolved_keys = Gauge(
+            "model_agent_unresolved_keys",
+            "Node labels and ConfigMap keys that map to no known model (truncated, no real name): left alone",
+            ("where",),
+            registry=r,
+        )
         # The node's model-status ConfigMap against the API server's 1 MiB limit (agent/node_configmap.py).
         self.configmap_bytes = Gauge("model_agent_configmap_bytes", "Data bytes in the node's ConfigMap", registry=r)
         self.configmap_full = Gauge("model_agent_configmap_full", "1 while model entries find no room", registry=r)
