@@ -11,7 +11,9 @@ Against the real API server, with the agent as a subprocess:
   never held: the breaker's share is taken against the seven the window started with;
 * the agent SIGKILLed at each step of a removal (its label PATCH, then its entry PATCH, stalled at the fault
   proxy): at no observed instant is the label ``Ready`` while the weights are not at their path, and a restarted
-  agent completes the recorded removal.
+  agent completes the recorded removal;
+* a truncated label that no object, manifest or entry explains is left alone (no confirmation read of the name
+  a truncation parses to), counted in ``model_agent_unresolved_keys`` and listed in ``/status``.
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ from tests.support.agent import AgentProcess
 from tests.support.faultproxy import FaultProxy, Rule, stall
 from tests.support.kube import Kube, LabelHistory, cbm
 from tests.support.models import tiny_llama
-from tests.support.waiting import eventually
+from tests.support.waiting import always, eventually
 
 pytestmark = pytest.mark.e2e
 
@@ -413,3 +415,32 @@ async def test_kill_at_each_removal_step_never_leaves_ready_without_weights(
     assert set(history.values[:first_gone]) <= {"Ready"}, history.values
     assert set(history.values[first_gone:]) == {None}, history.values
     assert agent.metric("model_agent_quarantined_total") == 1
+
+
+# ------------------------------------------------------------------ a truncated key of no known model
+
+
+async def test_a_truncated_label_of_no_known_model_is_left_alone(
+    kube: Kube, make_agent: AgentFactory, unique: str
+) -> None:
+    # A label whose name part is a truncation (hash8-tail) and that no object, manifest or entry explains: parsed
+    # alone it names a model that never existed, whose 404 would "prove" it gone. It is left alone and counted.
+    agent = await make_agent(args=("--resync-interval", "2"))
+    label = node_label_key(CBM, "", f"never-existed-{unique}-" + "q" * 40)
+    await kube.label_node(agent.node, {label: "Ready"})
+
+    async def still_there() -> bool:
+        return (await kube.node_labels(agent.node)).get(label) == "Ready"
+
+    await always(still_there, duration=5, what="the label of no known model stays through resyncs")
+
+    async def counted() -> bool:
+        return agent.metric("model_agent_unresolved_keys", where="label") == 1
+
+    await eventually(counted, timeout=30, what="the truncated label counted as unresolved")
+
+    confirmations = {k: v for k, v in agent.metrics().items() if k.startswith("model_agent_delete_confirmations")}
+    assert not any(confirmations.values()), confirmations
+    status = json.loads(agent.http("/status")[1])
+    assert [u["key"] for u in status["unresolved"]] == [label]
+    await kube.label_node(agent.node, {label: None})
