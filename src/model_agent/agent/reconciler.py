@@ -664,7 +664,14 @@ class Reconciler:
             log.warning("restored copy failed its check; fetching", key=ref.key)
             return False
         if superseded is not None:
-            await ctx.remover.replace_superseded(ref, superseded, target.id)
+            try:
+                await ctx.remover.replace_superseded(ref, superseded, target.id)
+            except Requeue:
+                # The old copy cannot be retired yet (settling, breaker, unproven read) and keeps the key's only
+                # record: put the restored copy back into the trash, where it was recorded, rather than leave it
+                # at its path with no manifest (the next pass would fetch it again). The next pass restores it.
+                await asyncio.to_thread(ctx.trash.quarantine, manifest, target.root, "restore deferred")
+                raise
         await asyncio.to_thread(ctx.manifests.save, manifest, target.root)
         ctx.metrics.restored.inc()
         ctx.events.emit(
