@@ -40,3 +40,12 @@ async def always(
     while time.monotonic() < end:
         assert await probe(), f"{what} was violated"
         await asyncio.sleep(interval)
+
+
+async def until(predicate: Callable[[], object], what: str = "condition", *, timeout: float = 5.0) -> None:
+    """:func:`eventually` for a plain (non-async) predicate over in-process state, polled finely."""
+
+    async def probe() -> bool:
+        return bool(predicate())
+
+    await eventually(probe, timeout=timeout, what=what, interval=0.005)

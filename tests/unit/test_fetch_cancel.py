@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,6 +31,7 @@ from model_agent.ops.events import ObjectRef
 from model_agent.ops.metrics import Metrics
 from model_agent.sources.base import FetchRequest, FetchResult
 from tests.support.fake_kube import FakeKubeClient, not_found
+from tests.support.waiting import until
 
 DEADLINE_S = 5.0
 NODE = "node-1"
@@ -152,17 +153,6 @@ async def env(tmp_path: Path) -> AsyncIterator[Env]:
         await asyncio.wait_for(fetcher.stop(), DEADLINE_S)
 
 
-async def until(predicate: Callable[[], bool], what: str) -> None:
-    async def poll() -> None:
-        while not predicate():
-            await asyncio.sleep(0.001)
-
-    try:
-        await asyncio.wait_for(poll(), DEADLINE_S)
-    except TimeoutError:
-        raise AssertionError(f"timed out waiting for {what}") from None
-
-
 def read_tree(directory: Path) -> dict[str, bytes]:
     return {p.relative_to(directory).as_posix(): p.read_bytes() for p in sorted(directory.rglob("*")) if p.is_file()}
 
@@ -192,7 +182,11 @@ async def test_a_removal_during_the_metadata_parse_quarantines_the_published_wei
     removal = asyncio.get_running_loop().create_task(env.remover.remove(Candidate(REF, UID, None, "watch DELETED")))
     job = env.fetcher.job(REF.key)
     assert job is not None
-    await until(lambda: removal.done() or getattr(job, "cancel_requested", False), "the removal to cancel the fetch")
+    await until(
+        lambda: removal.done() or getattr(job, "cancel_requested", False),
+        what="the removal to cancel the fetch",
+        timeout=DEADLINE_S,
+    )
     assert not removal.done(), "the removal went on while the fetch's thread was still parsing"
     assert env.dest.exists()
 

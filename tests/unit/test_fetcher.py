@@ -15,6 +15,7 @@ import pytest
 
 from model_agent.agent.fetcher import Fetcher, Job
 from model_agent.sources.base import SourceError
+from tests.support.waiting import until
 
 DEADLINE_S = 2.0
 
@@ -41,19 +42,6 @@ class Done:
     @property
     def counts(self) -> Counter[str]:
         return Counter(self.keys)
-
-
-async def until(predicate: Callable[[], bool], what: str) -> None:
-    """Yield to the loop until ``predicate()`` holds; fail after the deadline."""
-
-    async def poll() -> None:
-        while not predicate():
-            await asyncio.sleep(0)
-
-    try:
-        await asyncio.wait_for(poll(), DEADLINE_S)
-    except TimeoutError:
-        raise AssertionError(f"timed out waiting for {what}") from None
 
 
 @pytest.fixture
@@ -500,11 +488,7 @@ async def test_a_tenant_with_stuck_downloads_leaves_a_worker_for_other_namespace
             await fetcher.submit(f"BaseModel/team-evil/{name}", "t", body(name))
         await fetcher.submit("BaseModel/team-a/llama", "t", body("llama"))
 
-        async def llama_started() -> None:
-            while "llama" not in started:
-                await asyncio.sleep(0.01)
-
-        await asyncio.wait_for(llama_started(), DEADLINE_S)
+        await until(lambda: "llama" in started, what="the other namespace's download", timeout=DEADLINE_S)
         assert started.count("slow-1") + started.count("slow-2") == 1  # the tenant got one of the two workers
     finally:
         release.set()

@@ -16,6 +16,7 @@ from model_agent.agent.supervisor import (
     Supervisor,
     restart_delay,
 )
+from tests.support.waiting import until
 
 DEADLINE_S = 5.0
 
@@ -48,12 +49,6 @@ class Gate:
         await asyncio.sleep(0)  # an open gate still yields, as a real sleep does
 
 
-async def until(condition: object) -> None:
-    async with asyncio.timeout(DEADLINE_S):
-        while not condition():  # type: ignore[operator]
-            await asyncio.sleep(0.01)
-
-
 async def test_a_failing_component_is_logged_counted_down_and_restarted() -> None:
     runs = 0
     progressed_at = 0.0
@@ -81,10 +76,10 @@ async def test_a_failing_component_is_logged_counted_down_and_restarted() -> Non
         assert failed and failed[0]["exc_info"] is True and failed[0]["component"] == "reflector x"
         assert RESTART_INITIAL_S * 0.75 <= gate.waits[0] <= RESTART_INITIAL_S * 1.25
         gate.open.set()
-        await until(lambda: runs == 2)
+        await until(lambda: runs == 2, timeout=DEADLINE_S)
         assert "reflector x" in supervisor.down()  # restarted, but not working yet
         release.set()
-        await until(lambda: not supervisor.down())
+        await until(lambda: not supervisor.down(), timeout=DEADLINE_S)
     assert supervisor.problem() is None
     assert supervisor.failures("reflector x") == 1
     await supervisor.stop()
@@ -104,7 +99,7 @@ async def test_a_component_that_returns_is_an_unexpected_end_too() -> None:
     failures: list[str] = []
     supervisor = Supervisor(on_failure=failures.append, sleep=gate.sleep)
     supervisor.spawn("loop tick", component)
-    await until(lambda: runs == 2)
+    await until(lambda: runs == 2, timeout=DEADLINE_S)
     assert failures == ["loop tick"]
     assert supervisor.down() == {}  # no recovery check: running again is enough
     await supervisor.stop()
@@ -118,7 +113,7 @@ async def test_quick_repeated_failures_back_off_exponentially() -> None:
     gate.open.set()
     supervisor = Supervisor(rng=random.Random(0), sleep=gate.sleep)
     supervisor.spawn("purge", component)
-    await until(lambda: len(gate.waits) >= 4)
+    await until(lambda: len(gate.waits) >= 4, timeout=DEADLINE_S)
     await supervisor.stop()
     for i, wait in enumerate(gate.waits[:4]):
         base = RESTART_INITIAL_S * 2**i
