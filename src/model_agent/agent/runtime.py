@@ -21,8 +21,8 @@ red until it works again; a failed periodic pass is reported the same way. The l
 ``LOOP_TICK_S`` and records how late it woke (``model_agent_event_loop_lag_seconds``): blocking work on
 the event loop shows there first.
 
-Shutdown order (DESIGN.md §3): stop the reflectors; drain the queue briefly and stop the workers; stop the
-fetcher pool (partial downloads stay for resume); flush events; close the API client.
+Shutdown order (docs/design.md#35-shutdown-order): stop the reflectors; drain the queue briefly and stop the
+workers; stop the fetcher pool (partial downloads stay for resume); flush events; close the API client.
 """
 
 from __future__ import annotations
