@@ -15,15 +15,14 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 setup: $(STAMP)
-	$(BIN)/model-agent dev build --with-helm --with-emulators
-	$(BIN)/python -m model_agent.devenv.olah ensure
+	$(BIN)/python -m testbed build --with-helm --with-emulators --with-olah
 
 demo: setup
-	$(BIN)/model-agent demo
+	$(BIN)/python -m testbed demo
 
 lint: $(STAMP)
-	$(BIN)/ruff check src tests bench
-	$(BIN)/ruff format --check src tests bench
+	$(BIN)/ruff check src testbed tests bench
+	$(BIN)/ruff format --check src testbed tests bench
 	$(BIN)/mypy
 
 unit: $(STAMP)

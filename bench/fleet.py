@@ -36,14 +36,13 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from tests.support.faultproxy import FaultProxy  # noqa: E402
-
 from model_agent.agent.runtime import Agent  # noqa: E402
 from model_agent.agent.settings import Settings  # noqa: E402
-from model_agent.devenv import controlplane as cp  # noqa: E402
 from model_agent.kube.client import KubeClient  # noqa: E402
 from model_agent.kube.resources import CLUSTERBASEMODELS, NODES  # noqa: E402
 from model_agent.ops import logging as agent_logging  # noqa: E402
+from testbed.servers import controlplane as cp  # noqa: E402
+from tests.support.faultproxy import FaultProxy  # noqa: E402
 
 CBM_PATH = r"/apis/ome\.io/v1beta1/clusterbasemodels$"
 
@@ -245,10 +244,9 @@ async def cell(n: int, m: int, work: Path, baseline_timeout: float) -> dict[str,
 
 async def origin(n: int, slots: int, work: Path) -> dict[str, Any]:
     """N agents want one Hugging Face model at once: concurrent fetchers and hub API calls, seen by the mirror."""
+    from testbed.proxies.countingproxy import max_concurrent_clients
+    from testbed.servers.olah import OlahServer, create_model_repo
     from tests.support.models import tiny_llama
-
-    from model_agent.devenv.countingproxy import max_concurrent_clients
-    from model_agent.devenv.olah import OlahServer, create_model_repo
 
     mirrors = work / f"origin-{n}-{slots}-mirrors"
     repo = "acme/origin-bench"

@@ -25,11 +25,10 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from tests.support.agent import AgentProcess  # noqa: E402
-
-from model_agent.devenv.controlplane import ControlPlane, node_manifest  # noqa: E402
 from model_agent.kube.client import KubeClient  # noqa: E402
 from model_agent.kube.resources import CLUSTERBASEMODELS, CONFIGMAPS, NODES  # noqa: E402
+from testbed.servers.controlplane import ControlPlane, node_manifest  # noqa: E402
+from tests.support.agent import AgentProcess  # noqa: E402
 
 TARGET_SECONDS = 20.0
 TARGET_RSS_MB = 150.0

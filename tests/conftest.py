@@ -2,7 +2,7 @@
 
 End-to-end tests never skip for a missing component: if the control plane binaries are not cached they
 are built (a cold build takes ~9 minutes on 2 cores), and a failure to build or start fails the tests; the
-same holds for the GCS and Azure emulators (``model-agent dev build --with-emulators`` caches them).
+same holds for the GCS and Azure emulators (``python -m testbed build --with-emulators`` caches them).
 """
 
 from __future__ import annotations
@@ -15,11 +15,11 @@ from pathlib import Path
 import pytest
 from hypothesis import settings
 
-from model_agent.devenv.azurite import AzuriteServer
-from model_agent.devenv.controlplane import ControlPlane
-from model_agent.devenv.fakegcs import FakeGcsServer
-from model_agent.devenv.olah import OlahServer
 from model_agent.kube.client import KubeClient
+from testbed.servers.azurite import AzuriteServer
+from testbed.servers.controlplane import ControlPlane
+from testbed.servers.fakegcs import FakeGcsServer
+from testbed.servers.olah import OlahServer
 from tests.support.kube import Kube
 
 _ids = itertools.count(1)

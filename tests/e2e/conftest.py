@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from model_agent.devenv.olah import OlahServer
 from model_agent.kube.client import ApiError
 from model_agent.kube.resources import BASEMODELS, CLUSTERBASEMODELS
+from testbed.servers.olah import OlahServer
 from tests.support.agent import AgentProcess
 from tests.support.faultproxy import FaultProxy
 from tests.support.kube import Kube

@@ -9,11 +9,11 @@ from typing import Any
 
 import pytest
 
-from model_agent.devenv import azurite as az
-from model_agent.devenv import fakegcs
-from model_agent.devenv.azurite import AzuriteServer
-from model_agent.devenv.fakegcs import FakeGcsServer
 from model_agent.model.keys import configmap_key, node_label_key
+from testbed.servers import azurite as az
+from testbed.servers import fakegcs
+from testbed.servers.azurite import AzuriteServer
+from testbed.servers.fakegcs import FakeGcsServer
 from tests.e2e.conftest import AgentFactory
 from tests.support.kube import Kube, cbm
 from tests.support.models import tiny_llama

@@ -14,10 +14,10 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from model_agent.cli.main import app
-from model_agent.devenv import controlplane as cp
 from model_agent.kube.client import ApiError, KubeClient
 from model_agent.kube.resources import CLUSTERBASEMODELS, CRDS, NODES
+from testbed.cli import app
+from testbed.servers import controlplane as cp
 from tests.support.kube import Kube, cbm
 from tests.support.waiting import eventually
 
@@ -105,14 +105,14 @@ def test_port_in_use_is_a_one_line_error(tmp_path: Path) -> None:
         s.bind(("127.0.0.1", 0))
         s.listen()
         port = s.getsockname()[1]
-        result = CliRunner().invoke(app, ["dev", "up", "--state-dir", str(tmp_path / "s"), "--port", str(port)])
+        result = CliRunner().invoke(app, ["up", "--state-dir", str(tmp_path / "s"), "--port", str(port)])
     assert result.exit_code == 2
     lines = result.output.strip().splitlines()
     assert lines[-1].startswith("error: port") and "--port" in lines[-1]
 
 
 def test_dev_down_with_nothing_running_exits_0(tmp_path: Path) -> None:
-    result = CliRunner().invoke(app, ["dev", "down", "--state-dir", str(tmp_path / "empty")])
+    result = CliRunner().invoke(app, ["down", "--state-dir", str(tmp_path / "empty")])
     assert result.exit_code == 0, result.output
     assert "nothing running" in result.output
 
@@ -120,7 +120,7 @@ def test_dev_down_with_nothing_running_exits_0(tmp_path: Path) -> None:
 def test_missing_go_toolchain_is_a_one_line_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("MODEL_AGENT_CACHE", str(tmp_path / "cache"))
     monkeypatch.setenv("PATH", str(tmp_path / "no-bin"))
-    result = CliRunner().invoke(app, ["dev", "build"])
+    result = CliRunner().invoke(app, ["build"])
     assert result.exit_code == 2
     line = result.output.strip().splitlines()[-1]
     assert line.startswith("error: the Go toolchain") and "install" in line

@@ -1,4 +1,4 @@
-"""``model-agent demo`` end to end: one command, real components, exit 0, and nothing left running.
+"""``python -m testbed demo`` end to end: one command, real components, exit 0, and nothing left running.
 
 The demo runs as a subprocess exactly as a person would run it (no terminal, so rich prints plain final
 frames). It starts its own control plane in ``<work-dir>/controlplane``, separate from the session's.
@@ -20,8 +20,10 @@ import numpy as np
 import pytest
 from safetensors.numpy import load
 
-from model_agent.cli.demo import safetensors_by_hand, tiny_llama_files
-from model_agent.devenv.controlplane import ControlPlane
+from testbed.demo import safetensors_by_hand, tiny_llama_files
+from testbed.servers.controlplane import ControlPlane, repo_root
+
+REPO_ROOT = repo_root()
 
 pytestmark = pytest.mark.e2e
 
@@ -46,7 +48,8 @@ def pids_mentioning(marker: str) -> list[int]:
 def test_demo_shows_ready_then_removal_and_stops_everything(tmp_path: Path) -> None:
     work = (tmp_path / "demo").resolve()
     env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "COLUMNS"))}
-    argv = [sys.executable, "-m", "model_agent", "demo", "--work-dir", str(work)]
+    env["PYTHONPATH"] = str(REPO_ROOT)  # the test bed runs from the source checkout
+    argv = [sys.executable, "-m", "testbed", "demo", "--work-dir", str(work)]
     plane = ControlPlane(work / "controlplane")
     try:
         done = subprocess.run(argv, capture_output=True, text=True, timeout=DEMO_TIMEOUT_S, env=env, check=False)

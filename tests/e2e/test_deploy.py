@@ -39,10 +39,10 @@ import yaml
 
 from model_agent.agent.origin_slots import OriginSlots, lease_names
 from model_agent.agent.resolve_cache import ResolveCache
-from model_agent.devenv.controlplane import helm_binary, repo_root
 from model_agent.kube.client import ApiError, KubeClient
 from model_agent.kube.resources import CLUSTERBASEMODELS, CONFIGMAPS, LEASES
 from model_agent.model.keys import configmap_key, node_label_key
+from testbed.servers.controlplane import helm_binary, repo_root
 from tests.support.agent import AgentProcess
 from tests.support.kube import Kube, bm, cbm
 from tests.support.models import tiny_llama
@@ -97,7 +97,7 @@ def object_path(doc: Doc) -> str:
 
 def render_chart() -> list[Doc]:
     helm = helm_binary()
-    assert helm.is_file(), f"helm is not built at {helm}: run `model-agent dev build --with-helm`"
+    assert helm.is_file(), f"helm is not built at {helm}: run `python -m testbed build --with-helm`"
     proc = subprocess.run(
         [str(helm), "template", RELEASE, str(CHART), "--namespace", NAMESPACE],
         capture_output=True,

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from model_agent.devenv.olah import OlahServer, create_model_repo
+from testbed.servers.olah import OlahServer, create_model_repo
 from tests.e2e.conftest import AgentFactory
 from tests.e2e.test_reconcile_safety import wait_failed, wait_ready
 from tests.support.faultproxy import FaultProxy, Rule, stall

@@ -24,8 +24,8 @@ from huggingface_hub.errors import EntryNotFoundError, RepositoryNotFoundError
 from huggingface_hub.hf_api import RepoFile
 from safetensors.numpy import save
 
-from model_agent.devenv.countingproxy import ServedRequest
-from model_agent.devenv.olah import OlahServer, add_commit, create_model_repo, repo_dir
+from testbed.proxies.countingproxy import ServedRequest
+from testbed.servers.olah import OlahServer, add_commit, create_model_repo, repo_dir
 
 pytestmark = pytest.mark.e2e
 

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from model_agent.devenv.olah import OlahServer, create_model_repo
 from model_agent.model.keys import configmap_key
+from testbed.servers.olah import OlahServer, create_model_repo
 from tests.e2e.conftest import AgentFactory
 from tests.support.agent import AgentProcess
 from tests.support.faultproxy import FaultProxy, Rule, stall

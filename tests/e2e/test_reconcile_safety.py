@@ -23,9 +23,9 @@ from typing import Any
 
 import pytest
 
-from model_agent.devenv.olah import OlahServer, create_model_repo
 from model_agent.kube.resources import CLUSTERBASEMODELS
 from model_agent.model.keys import configmap_key, node_label_key
+from testbed.servers.olah import OlahServer, create_model_repo
 from tests.e2e.conftest import AgentFactory
 from tests.support.agent import AgentProcess
 from tests.support.faultproxy import FaultProxy, Rule, stall

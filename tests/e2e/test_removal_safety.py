@@ -28,12 +28,12 @@ from typing import Any
 
 import pytest
 
-from model_agent.devenv.olah import create_model_repo
 from model_agent.kube.client import ApiError
 from model_agent.kube.resources import CLUSTERBASEMODELS
 from model_agent.local.layout import Layout
 from model_agent.local.manifest import ManifestStore
 from model_agent.model.keys import RESERVE_MODEL_ARTIFACT_LABEL, configmap_key, node_label_key
+from testbed.servers.olah import create_model_repo
 from tests.e2e.conftest import AgentFactory
 from tests.support.agent import AgentProcess
 from tests.support.faultproxy import FaultProxy, Rule, stall

@@ -17,10 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from model_agent.devenv.olah import create_model_repo
 from model_agent.local.layout import Layout
 from model_agent.local.manifest import Manifest
 from model_agent.model.keys import configmap_key, node_label_key
+from testbed.servers.olah import create_model_repo
 from tests.e2e.conftest import AgentFactory
 from tests.support.agent import AgentProcess
 from tests.support.faultproxy import FaultProxy, Rule, by_name, respond, stall, strip_list_items

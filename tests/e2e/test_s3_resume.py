@@ -17,9 +17,9 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from model_agent.devenv.countingproxy import CountingProxy
-from model_agent.devenv.moto import MotoServer, create_bucket
 from model_agent.model.keys import configmap_key, node_label_key
+from testbed.proxies.countingproxy import CountingProxy
+from testbed.servers.moto import MotoServer, create_bucket
 from tests.e2e.conftest import AgentFactory
 from tests.support.kube import Kube, cbm
 from tests.support.waiting import eventually

@@ -40,9 +40,9 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 
-from model_agent.devenv.moto import MotoServer, create_bucket, upload_objects
 from model_agent.kube.resources import EVENTS
 from model_agent.model.keys import configmap_key, node_label_key
+from testbed.servers.moto import MotoServer, create_bucket, upload_objects
 from tests.support.agent import AgentProcess
 from tests.support.kube import Kube, bm, cbm
 from tests.support.models import tiny_llama

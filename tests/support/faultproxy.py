@@ -63,7 +63,7 @@ from aiohttp import web
 from multidict import CIMultiDict
 from yarl import URL
 
-from model_agent.devenv.service import ManagedService
+from testbed.servers.service import ManagedService
 
 JSON = dict[str, Any]
 T = TypeVar("T")

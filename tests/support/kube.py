@@ -6,9 +6,9 @@ import asyncio
 import json
 from typing import Any
 
-from model_agent.devenv.controlplane import node_manifest
 from model_agent.kube.client import ApiError, KubeClient
 from model_agent.kube.resources import BASEMODELS, CLUSTERBASEMODELS, CONFIGMAPS, EVENTS, NODES, SECRETS
+from testbed.servers.controlplane import node_manifest
 
 
 def cbm(name: str, uri: str, path: str | None = None, **storage: Any) -> dict[str, Any]:

@@ -27,10 +27,10 @@ import yaml
 from model_agent.agent.origin_slots import lease_names
 from model_agent.agent.reconciler import _metadata_record
 from model_agent.agent.resolve_cache import ResolveCache
-from model_agent.devenv.controlplane import helm_binary
 from model_agent.kube.client import ApiError, KubeClient
 from model_agent.model.metadata import parse_model_dir
 from model_agent.ops.metrics import Metrics
+from testbed.servers.controlplane import helm_binary
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
 MANIFESTS = DEPLOY / "manifests"
@@ -426,7 +426,7 @@ def _without_helm_labels(doc: Doc) -> Doc:
 
 def test_helm_template_defaults_equal_the_manifests() -> None:
     helm = helm_binary()
-    assert helm.is_file(), f"helm is not built: run `model-agent dev build --with-helm` ({helm})"
+    assert helm.is_file(), f"helm is not built: run `python -m testbed build --with-helm` ({helm})"
     out = subprocess.run(
         [str(helm), "template", "model-agent", str(CHART), "--namespace", NAMESPACE],
         check=True,

@@ -8,19 +8,17 @@ from __future__ import annotations
 
 import typer
 
-from model_agent.cli import demo, dev, run, status, trash, verify
+from model_agent.cli import run, status, trash, verify
 
 app = typer.Typer(
     help="model-agent keeps a node's model weights, Node labels and ConfigMap in agreement with OME models.",
     no_args_is_help=True,
     pretty_exceptions_enable=False,
 )
-app.add_typer(dev.app, name="dev")
 app.command("run")(run.run)
 app.command("status")(status.status)
 app.command("verify")(verify.verify)
 app.add_typer(trash.app, name="trash")
-app.command("demo")(demo.demo)
 
 
 def main() -> None:  # pragma: no cover - console entry

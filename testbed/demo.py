@@ -1,8 +1,8 @@
-"""``model-agent demo``: the agent doing its real job on this machine, start to finish, then cleaned up.
+"""``python -m testbed demo``: the agent doing its real job on this machine, start to finish, then cleaned up.
 
 Role: one command that shows a newcomer what the agent does, against real components only. It starts a
-real kube-apiserver and etcd (built on first use, then cached: :mod:`model_agent.devenv.controlplane`)
-with one Node ``demo-node``, a real Hugging Face mirror (olah, :mod:`model_agent.devenv.olah`) serving a
+real kube-apiserver and etcd (built on first use, then cached: :mod:`testbed.servers.controlplane`)
+with one Node ``demo-node``, a real Hugging Face mirror (olah, :mod:`testbed.servers.olah`) serving a
 freshly made tiny llama-shaped model ``acme/tiny-llama``, and ``model-agent run`` as a subprocess. Then:
 
 1. it creates the ClusterBaseModel ``tiny-llama`` and shows, live, the Node label and the ConfigMap entry
@@ -16,7 +16,7 @@ Contract:
 
 * Everything lives in one work directory, a new temporary one unless ``--work-dir`` is given (removed
   after a successful run; kept after a failure, for its logs). The control plane's state directory is
-  ``<work>/controlplane``, so it never collides with ``model-agent dev`` or a test session. A reused work
+  ``<work>/controlplane``, so it never collides with ``python -m testbed`` or a test session. A reused work
   directory is reset: the demo's own sub-directories (models, mirrors, HF home) are recreated.
 * Every process it starts is stopped in ``finally`` blocks - the agent (SIGTERM), the mirror, the control
   plane - unless ``--keep``, which leaves them running and prints how to reach and stop them.
@@ -61,13 +61,13 @@ from rich.table import Table
 from rich.text import Text
 
 from model_agent.cli.status import render as render_status
-from model_agent.devenv.controlplane import ControlPlane, ControlPlaneError
-from model_agent.devenv.olah import OlahError, OlahServer, create_model_repo, default_venv_dir, ensure_olah
 from model_agent.kube.client import ApiError, ApiUnavailable, KubeClient
 from model_agent.kube.resources import CLUSTERBASEMODELS, CONFIGMAPS, NODES
 from model_agent.local.layout import Layout
 from model_agent.local.trash import Trash
 from model_agent.model.keys import ModelKind, configmap_key, node_label_key
+from testbed.servers.controlplane import ControlPlane, ControlPlaneError
+from testbed.servers.olah import OlahError, OlahServer, create_model_repo, default_venv_dir, ensure_olah
 
 NODE = "demo-node"
 MODEL = "tiny-llama"
@@ -418,7 +418,8 @@ class Demo:
         if left := self._leftovers():  # checked before any cleanup is armed: never stop another run's processes
             raise DemoError(
                 f"processes of an earlier run in {self.work} still run (pids {' '.join(map(str, left))}): "
-                f"stop them, then `model-agent dev down --state-dir {self.plane.state_dir}`, or use another --work-dir",
+                f"stop them, then `python -m testbed down --state-dir {self.plane.state_dir}`, "
+                "or use another --work-dir",
                 code=2,
             )
         with contextlib.ExitStack() as stack:
@@ -517,7 +518,7 @@ class Demo:
             f"kubectl apply -f {self.manifest_path}   # back from the trash by rename, no download",
             f"tail -f {self.agent.log_path}",
             f"# the mirror: HF_ENDPOINT={self.mirror.olah_endpoint}",
-            f"# stop it all: kill {kill}; model-agent dev down --state-dir {self.plane.state_dir}",
+            f"# stop it all: kill {kill}; python -m testbed down --state-dir {self.plane.state_dir}",
         ):
             self.say(f"  {line}")
 
@@ -726,7 +727,7 @@ def demo(
     work = Path(tempfile.mkdtemp(prefix="model-agent-demo-")) if work_dir is None else work_dir
     work = work.resolve()
     work.mkdir(parents=True, exist_ok=True)
-    console.print(Text(f"model-agent demo: work directory {work}", style="bold"), soft_wrap=True)
+    console.print(Text(f"testbed demo: work directory {work}", style="bold"), soft_wrap=True)
     run = Demo(work, console, keep=keep, timeout=timeout)
     code = 0
     try:

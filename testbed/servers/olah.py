@@ -62,8 +62,8 @@ from pathlib import Path, PurePosixPath
 
 from aiohttp import web
 
-from model_agent.devenv.countingproxy import CountingProxy, ServedRequest
-from model_agent.devenv.service import ManagedService, stop_process, wait_until_answering
+from testbed.proxies.countingproxy import CountingProxy, ServedRequest
+from testbed.servers.service import ManagedService, stop_process, wait_until_answering
 
 OLAH_VERSION = "0.5.4"
 OLAH_REQUIREMENT = f"olah=={OLAH_VERSION}"
@@ -100,7 +100,7 @@ def default_venv_dir() -> Path:
     override = os.environ.get("MODEL_AGENT_OLAH_VENV")
     if override:
         return Path(override)
-    return Path(__file__).resolve().parents[3] / ".venv-olah"
+    return Path(__file__).resolve().parents[2] / ".venv-olah"
 
 
 # ----------------------------------------------------------------------------------------------- install
@@ -491,10 +491,10 @@ class OlahServer(ManagedService):
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m model_agent.devenv.olah ensure``: install the pinned olah into its own venv."""
+    """``python -m testbed.servers.olah ensure``: install the pinned olah into its own venv."""
     args = sys.argv[1:] if argv is None else argv
     if args != ["ensure"]:
-        print("usage: python -m model_agent.devenv.olah ensure", file=sys.stderr)
+        print("usage: python -m testbed.servers.olah ensure", file=sys.stderr)
         return 2
     try:
         exe = ensure_olah(default_venv_dir())

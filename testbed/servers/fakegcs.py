@@ -2,7 +2,7 @@
 
 Role: the GCS origin the end-to-end tests fetch from. fake-gcs-server (Go, pinned to
 :data:`FAKE_GCS_VERSION`) is built from its Go module into ``~/.cache/model-agent/fake-gcs-server/<version>/``
-by ``model-agent dev build --with-emulators`` (CI's setup), or on first use. It serves the JSON API (used
+by ``python -m testbed build --with-emulators`` (CI's setup), or on first use. It serves the JSON API (used
 here to create buckets and upload) and the XML API obstore lists, reads and signs URLs for: listing with
 prefixes, ranged GET, ``If-Match`` on the ETag, ``x-goog-hash`` with the MD5. It checks no credentials, so
 a wrong key cannot be detected against it (Azurite does check them).
@@ -26,8 +26,8 @@ import urllib.request
 from collections.abc import Mapping
 from pathlib import Path
 
-from model_agent.devenv import controlplane as cp
-from model_agent.devenv.service import LocalProcess
+from testbed.servers import controlplane as cp
+from testbed.servers.service import LocalProcess
 
 FAKE_GCS_VERSION = "v1.56.1"
 FAKE_GCS_MODULE = "github.com/fsouza/fake-gcs-server"

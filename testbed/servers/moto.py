@@ -41,7 +41,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from model_agent.devenv.service import ManagedService, stop_process, wait_until_answering
+from testbed.servers.service import ManagedService, stop_process, wait_until_answering
 
 if TYPE_CHECKING:
     from types_boto3_s3.client import S3Client

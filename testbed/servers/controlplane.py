@@ -34,9 +34,9 @@ from typing import Any
 
 import yaml
 
-from model_agent.devenv import pki as _pki
 from model_agent.kube.client import ApiError, ApiUnavailable, KubeClient
 from model_agent.kube.resources import CRDS, NAMESPACES, NODES
+from testbed.servers import pki as _pki
 
 KUBERNETES_VERSION = "v1.36.3"
 GO_MIN_VERSION = (1, 26)
@@ -61,8 +61,8 @@ def cache_root() -> Path:
 
 
 def repo_root() -> Path:
-    """The source checkout this package runs from (``src/model_agent/devenv`` -> repository root)."""
-    return Path(__file__).resolve().parents[3]
+    """The source checkout this package runs from (``testbed/servers`` -> repository root)."""
+    return Path(__file__).resolve().parents[2]
 
 
 def default_state_dir() -> Path:
@@ -338,7 +338,7 @@ class ControlPlane:
             if self._both_alive(existing):
                 raise ControlPlaneError(
                     f"a control plane is already running from {self.state_dir} "
-                    f"(apiserver pid {existing.apiserver_pid}): run `model-agent dev down --state-dir "
+                    f"(apiserver pid {existing.apiserver_pid}): run `python -m testbed down --state-dir "
                     f"{self.state_dir}` first, or use it as is with KUBECONFIG={self.kubeconfig}"
                 )
             echo(f"found state left by a killed run in {self.state_dir}; cleaning it up")

@@ -1,4 +1,4 @@
-"""``model-agent dev``: the local control plane for tests and the demo.
+"""``python -m testbed``: the local control plane for tests and the demo, and the demo itself.
 
 ``up`` builds (first time) and starts a real kube-apiserver and etcd on loopback and prints the kubeconfig
 path; ``down`` stops it (exit 0 when nothing runs); ``status`` says what runs where; ``build`` only builds.
@@ -12,10 +12,16 @@ from typing import Annotated
 
 import typer
 
-from model_agent.devenv import azurite, fakegcs
-from model_agent.devenv import controlplane as cp
+from testbed import demo
+from testbed.servers import azurite, fakegcs, olah
+from testbed.servers import controlplane as cp
 
-app = typer.Typer(help="Run a real local Kubernetes control plane (kube-apiserver + etcd) for tests and demos.")
+app = typer.Typer(
+    help="The test bed: a real local Kubernetes control plane (kube-apiserver + etcd), emulators, and the demo.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+)
+app.command("demo")(demo.demo)
 
 StateDir = Annotated[
     Path | None,
@@ -82,6 +88,9 @@ def build_cmd(
             "--with-emulators", help="Also build fake-gcs-server and install Azurite (gs:// and az:// tests)."
         ),
     ] = False,
+    with_olah: Annotated[
+        bool, typer.Option("--with-olah", help="Also install the Hugging Face mirror olah into its own venv.")
+    ] = False,
 ) -> None:
     """Build (or find cached) kube-apiserver and etcd binaries for the pinned Kubernetes version."""
     try:
@@ -91,5 +100,7 @@ def build_cmd(
         if with_emulators:
             fakegcs.build_fake_gcs(echo=_echo)
             azurite.ensure_azurite(echo=_echo)
-    except (cp.ControlPlaneError, azurite.AzuriteError) as exc:
+        if with_olah:
+            olah.ensure_olah(olah.default_venv_dir())
+    except (cp.ControlPlaneError, azurite.AzuriteError, olah.OlahError) as exc:
         raise _fail(exc) from None

@@ -2,7 +2,7 @@
 
 Role: the Azure origin the end-to-end tests fetch from. Azurite (Microsoft's emulator, Node, pinned to
 :data:`AZURITE_VERSION`) is installed with npm into ``~/.cache/model-agent/azurite/<version>/`` by
-``model-agent dev build --with-emulators`` (CI's setup), or on first use. It checks Shared Key and SAS
+``python -m testbed build --with-emulators`` (CI's setup), or on first use. It checks Shared Key and SAS
 signatures with the well-known development account (:data:`ACCOUNT`, :data:`ACCOUNT_KEY`), so wrong
 credentials are refused as by Azure (403 ``AuthorizationFailure``). Blobs are kept in memory.
 
@@ -28,8 +28,8 @@ import urllib.request
 from collections.abc import Mapping
 from pathlib import Path
 
-from model_agent.devenv import controlplane as cp
-from model_agent.devenv.service import LocalProcess
+from testbed.servers import controlplane as cp
+from testbed.servers.service import LocalProcess
 
 AZURITE_VERSION = "3.37.0"
 ACCOUNT = "devstoreaccount1"
