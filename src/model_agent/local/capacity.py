@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 
-from model_agent.sources.base import SourceError
+from model_agent.model.errors import SourceError
 
 DEFAULT_RESERVE_FRACTION = 0.10
 

@@ -24,17 +24,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from model_agent.local.manifest import FileRecord, Manifest
+from model_agent.model.errors import SourceError as SourceError  # re-exported: its home is model/
 
 if TYPE_CHECKING:
     from model_agent.sources.egress import Owner
-
-
-class SourceError(Exception):
-    def __init__(self, reason: str, message: str, *, retryable: bool = True) -> None:
-        super().__init__(message)
-        self.reason = reason
-        self.message = message
-        self.retryable = retryable
 
 
 @dataclass
