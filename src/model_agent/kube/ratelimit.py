@@ -14,6 +14,8 @@ from collections.abc import Callable
 
 
 class TokenBucket:
+    """``qps`` tokens a second, at most ``burst`` saved up; ``waited_s`` totals the time callers were held back."""
+
     def __init__(self, qps: float, burst: int, *, clock: Callable[[], float] = time.monotonic) -> None:
         if qps <= 0 or burst < 1:
             raise ValueError("qps must be > 0 and burst >= 1")
@@ -31,6 +33,7 @@ class TokenBucket:
         self._at = now
 
     async def acquire(self) -> None:
+        """Take one token, waiting (in arrival order) until one is there; never raises and never drops a caller."""
         async with self._lock:
             self._refill()
             if self._tokens < 1:

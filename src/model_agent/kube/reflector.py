@@ -57,11 +57,15 @@ class _Relist(Exception):
 
 
 class Phase(StrEnum):
+    """Which request an :class:`Attempt` was: the LIST that fills the store, or a WATCH that follows it."""
+
     LIST = "list"
     WATCH = "watch"
 
 
 class Result(StrEnum):
+    """How an attempt ended, in the three cases :func:`plan_next` tells apart."""
+
     ENDED = "ended"  # a watch stream ended normally (the server's timeout, a proxy closing it)
     GONE = "gone"  # 410 Gone, or an ERROR event in the watch: the resourceVersion cannot be continued
     FAILED = "failed"  # any other API error or an unreachable server
@@ -81,6 +85,8 @@ class Attempt:
 
 @dataclass(frozen=True)
 class Plan:
+    """:func:`plan_next`'s decision: whether to relist, how long to wait first, and the backoff base to carry on."""
+
     relist: bool
     delay_s: float  # before jitter; 0: at once
     backoff_s: float  # the backoff base for the next failure
@@ -123,6 +129,12 @@ def plan_next(attempt: Attempt, backoff_s: float) -> Plan:
 
 
 class Reflector:
+    """Keeps :attr:`store` equal to the server's view of one ``resource`` (see the module contract).
+
+    ``on_change`` hears every change, vanished keys included; :attr:`synced` is set after the first complete
+    LIST, so consumers can wait for a full cache before trusting an absence.
+    """
+
     def __init__(
         self,
         client: KubeClient,
@@ -153,6 +165,7 @@ class Reflector:
 
     @property
     def name(self) -> str:
+        """The resource's plural: the name the reflector goes by in logs, metrics and ``/status``."""
         return self.resource.plural
 
     def _base_query(self) -> dict[str, str | int]:

@@ -13,6 +13,8 @@ from model_agent.kube.client import qs
 
 @dataclass(frozen=True)
 class Resource:
+    """One API kind: enough to build its URLs and say whether it lives in a namespace."""
+
     group: str
     version: str
     plural: str
@@ -21,6 +23,7 @@ class Resource:
 
     @property
     def api_version(self) -> str:
+        """The ``apiVersion`` its objects carry: ``v1`` for the core group, ``group/version`` otherwise."""
         return f"{self.group}/{self.version}" if self.group else self.version
 
     def path(self, namespace: str | None = None, name: str | None = None) -> str:

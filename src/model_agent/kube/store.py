@@ -32,6 +32,7 @@ Obj = dict[str, Any]
 
 
 def object_key(obj: Obj) -> str:
+    """The store key of ``obj``: ``namespace/name``, or ``name`` for a cluster-scoped object (as client-go's)."""
     meta = obj.get("metadata") or {}
     ns = meta.get("namespace") or ""
     name = str(meta.get("name") or "")
@@ -39,10 +40,12 @@ def object_key(obj: Obj) -> str:
 
 
 def object_uid(obj: Obj) -> str:
+    """The object's UID, or ``""``: what tells a recreated object from the one that was deleted."""
     return str((obj.get("metadata") or {}).get("uid") or "")
 
 
 def resource_version(obj: Obj) -> str:
+    """The object's resourceVersion, or ``""``; opaque: compared for equality only, never ordered."""
     return str((obj.get("metadata") or {}).get("resourceVersion") or "")
 
 
@@ -56,6 +59,7 @@ class Change:
 
     @property
     def vanished(self) -> bool:
+        """True when the object is gone from the cache: a candidate for removal that must be confirmed, not a fact."""
         return self.new is None
 
 
@@ -73,6 +77,8 @@ _PRUNE_EVERY_S = 60.0
 
 
 class Store:
+    """The informer cache of one resource (see the module contract): objects by key, and when each key was heard."""
+
     def __init__(
         self, *, clock: Callable[[], float] = time.monotonic, tombstone_ttl_s: float = TOMBSTONE_TTL_S
     ) -> None:
@@ -90,12 +96,15 @@ class Store:
         return key in self._items
 
     def get(self, key: str) -> Obj | None:
+        """The last known object at ``key``, or None; the dict is the cache's own: callers must not mutate it."""
         return self._items.get(key)
 
     def keys(self) -> list[str]:
+        """A snapshot of the keys: safe to iterate while the store changes."""
         return list(self._items)
 
     def values(self) -> Iterator[Obj]:
+        """The objects as of this call (a snapshot): safe to iterate while the store changes."""
         return iter(list(self._items.values()))
 
     def heard(self, key: str) -> Heard | None:
@@ -103,6 +112,7 @@ class Store:
         return self._heard.get(key)
 
     def upsert(self, obj: Obj) -> Change:
+        """Install ``obj`` (a watch ADDED or MODIFIED), note that its key was heard now, and return the change."""
         key = object_key(obj)
         old = self._items.get(key)
         self._items[key] = obj
