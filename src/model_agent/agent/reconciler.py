@@ -30,6 +30,7 @@ from typing import Any
 import structlog
 
 from model_agent.agent.converge import Act, Facts, FailureFact, JobFact, LocalDir, ManifestFact, TargetKind, decide
+from model_agent.agent.crash_record import QUARANTINED, CrashRecords, Step
 from model_agent.agent.credentials import model_owner, read_storage_secret, resolve_hf_token
 from model_agent.agent.download_limits import DownloadLimits, run_within_limits
 from model_agent.agent.fetcher import Fetcher, Job
@@ -259,12 +260,27 @@ class Reconciler:
         except Invalid as exc:
             await self._fail(ref, raw, exc.reason, exc.message)
             return
+        crashed = self.crash_records.verdict(ref.key, obj.metadata.uid, obj.metadata.generation)
+        if crashed.quarantined:  # the agent died on this spec's steps before: not again (agent/crash_record.py)
+            await self._fail(ref, raw, QUARANTINED, crashed.message)
+            return
         await self._converge(ref, obj, raw, target, manifest)
+
+    @property
+    def crash_records(self) -> CrashRecords:
+        """Durable attempt records of the risky steps (made on first use, next to the manifests)."""
+        records: CrashRecords | None = self.__dict__.get("_crash_records")
+        if records is None:
+            records = CrashRecords(self.ctx.layout.primary.manifests.parent / "attempts")
+            self.__dict__["_crash_records"] = records
+        return records
 
     async def _candidate(self, ref: ModelRef, manifest: Manifest | None, obj: ModelObject | None, why: str) -> None:
         has_label = ref.label_key in self.ctx.labels.model_labels()
         has_entry = ref.configmap_key in self.ctx.configmap.data()
         if manifest is None and not has_label and not has_entry and self.ctx.fetcher.job(ref.key) is None:
+            if self.crash_records.get(ref.key) is not None:  # its attempt record outlived everything else
+                await asyncio.to_thread(self.crash_records.forget, ref.key)
             return  # nothing of this model here: nothing to do
         uid = manifest.uid if manifest else (obj.metadata.uid if obj else "")
         await self.ctx.remover.remove(Candidate(ref, uid, manifest, why))
@@ -462,8 +478,14 @@ class Reconciler:
         last_write = [0.0]
         pending: list[asyncio.Task[None]] = []
 
+        crashes = self.crash_records
+        listing_open = [False]
+
         def on_progress(p: Progress) -> None:
             job.progress = p
+            if listing_open[0] and p.phase not in ("scanning", "queued"):  # the listing is over: close its step
+                listing_open[0] = False
+                pending.append(asyncio.get_running_loop().create_task(asyncio.to_thread(crashes.end, ref.key)))
             now = time.monotonic()
             if now - last_write[0] >= PROGRESS_INTERVAL_S:
                 last_write[0] = now
@@ -492,6 +514,9 @@ class Reconciler:
         try:
             async with ctx.origin_slots(target.storage_uri, queued):
                 try:
+                    uid, generation = obj.metadata.uid, obj.metadata.generation
+                    await asyncio.to_thread(crashes.begin, ref.key, uid, generation, Step.LISTING)
+                    listing_open[0] = True
                     result = await run_within_limits(
                         ctx.sources.get(target.storage_type, ctx.hf).fetch(request),
                         lambda: job.progress,
@@ -503,6 +528,10 @@ class Reconciler:
                         if "md5" in exc.message.lower():
                             ctx.metrics.md5_failed.labels(*labels).inc()
                     raise
+                finally:
+                    if listing_open[0]:  # ended (or failed) while listing, and this process lives: close the step
+                        listing_open[0] = False
+                        await asyncio.shield(asyncio.to_thread(crashes.end, ref.key))
             try:  # ownership again before publish: a model that comes first may have claimed the directory since
                 self.target_of(obj)
             except Invalid as exc:
@@ -521,7 +550,11 @@ class Reconciler:
         finally:
             for task in pending:  # progress writes finish before the outcome is reported
                 await asyncio.gather(task, return_exceptions=True)
-        metadata = await job.in_thread(self._parse_metadata, obj, target.dest, sum(f.size for f in files))
+        await asyncio.to_thread(crashes.begin, ref.key, obj.metadata.uid, obj.metadata.generation, Step.METADATA)
+        try:
+            metadata = await job.in_thread(self._parse_metadata, obj, target.dest, sum(f.size for f in files))
+        finally:
+            await asyncio.shield(asyncio.to_thread(crashes.end, ref.key))
         manifest = Manifest(
             key=ref.key,
             uid=obj.metadata.uid,
@@ -538,6 +571,7 @@ class Reconciler:
         )
         manifest.verified_at = time.time()
         await asyncio.to_thread(ctx.manifests.save, manifest, target.root)
+        await asyncio.to_thread(crashes.finished, ref.key)
         ctx.metrics.downloads_success.labels(*labels).inc()
         ctx.metrics.download_duration.labels(*labels).observe(time.monotonic() - started)
         fetched = sum(f.size for f in files if f.path in set(result.staged))
@@ -625,8 +659,13 @@ class Reconciler:
                 await self._fail(ref, raw, "LocalPathNotFound", _local_failure_message(target, [], "LocalPathNotFound"))
                 ctx.requeue_after(ref.key, 30.0)
                 return
-            files = await asyncio.to_thread(list_local_files, target.dest)
-            metadata = await asyncio.to_thread(self._parse_metadata, obj, target.dest, 0)
+            uid, generation = obj.metadata.uid, obj.metadata.generation
+            await asyncio.to_thread(self.crash_records.begin, ref.key, uid, generation, Step.METADATA)
+            try:
+                files = await asyncio.to_thread(list_local_files, target.dest)
+                metadata = await asyncio.to_thread(self._parse_metadata, obj, target.dest, 0)
+            finally:
+                await asyncio.shield(asyncio.to_thread(self.crash_records.end, ref.key))
         manifest = Manifest(
             key=ref.key,
             uid=obj.metadata.uid,
@@ -642,6 +681,7 @@ class Reconciler:
         if superseded is not None:
             await ctx.remover.replace_superseded(ref, superseded, target.id)
         await asyncio.to_thread(ctx.manifests.save, manifest, target.root)
+        await asyncio.to_thread(self.crash_records.finished, ref.key)
         ctx.metrics.downloads_success.labels(*_metric_labels(ref)).inc()
         await self._publish_state(ref, obj, ModelState.READY, manifest=manifest)
         self._enrich_spec_later(ref, obj, raw, manifest)
