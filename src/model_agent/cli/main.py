@@ -22,4 +22,5 @@ app.add_typer(trash.app, name="trash")
 
 
 def main() -> None:  # pragma: no cover - console entry
+    """The console entry point (``model-agent``)."""
     app()

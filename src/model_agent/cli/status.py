@@ -30,6 +30,7 @@ def _fmt_bytes(n: int | None) -> str:
 
 
 def render(doc: dict[str, Any], console: Console) -> None:
+    """Print the ``/status`` document as the operator's tables (models, then breaker and trash)."""
     table = Table(title=f"models on node {doc.get('node')}")
     for col in ("kind", "model", "label", "entry", "manifest", "size", "revision", "verified", "progress"):
         table.add_column(col)

@@ -76,6 +76,7 @@ class DiskReserve:
     absolute: int | None = None
 
     def bytes_for(self, fs_size: int) -> int:
+        """The bytes to keep free on a filesystem of ``fs_size`` bytes."""
         if self.absolute is not None:
             return self.absolute
         return int(fs_size * self.fraction)
@@ -108,6 +109,8 @@ class DiskReserve:
 
 @dataclass(frozen=True)
 class DiskUsage:
+    """One filesystem's size and the space a download may use, from ``statvfs``."""
+
     device: int
     size: int  # bytes of the filesystem
     free: int  # bytes an unprivileged writer may still use
@@ -159,6 +162,7 @@ class Reservation:
         self._registry._adjust(self, -max(0, nbytes))
 
     def release(self) -> None:
+        """Give back what is left of the reservation; releasing twice is harmless."""
         self._registry._release(self)
 
     def __enter__(self) -> Reservation:

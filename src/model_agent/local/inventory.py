@@ -27,6 +27,11 @@ DISCARD_DIR = "discard"  # <root>/.model-agent/discard: staging areas being dele
 
 
 def unmanaged_directories(layout: Layout, dests: Iterable[str], *, max_depth: int = 3) -> list[Path]:
+    """Directories under the roots (to ``max_depth``) that no manifest explains: reported, never removed.
+
+    Neither a destination in ``dests`` nor an ancestor of one; the agent's private area is skipped, and so is
+    what cannot be read (an unreadable directory is not evidence of anything).
+    """
     wanted = {Path(d) for d in dests}
     ancestors = {p for d in wanted for p in d.parents}
     found: list[Path] = []

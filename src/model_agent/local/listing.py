@@ -25,6 +25,7 @@ MAX_DIRS = 2000
 
 
 def list_local_files(dest: Path, *, max_files: int = MAX_FILES, max_dirs: int = MAX_DIRS) -> list[FileRecord]:
+    """The bounded listing of an adopted ``local://`` tree (see the module contract); never raises."""
     records: list[FileRecord] = []
     pending: list[str] = [""]  # relative directories still to read, depth first in sorted order
     dirs_read = 0

@@ -38,6 +38,8 @@ MANIFEST_VERSION = 1
 
 @dataclass(frozen=True)
 class FileRecord:
+    """One published file: what the fast check compares (size, mtime) and the hashes a full verification uses."""
+
     path: str  # relative, posix
     size: int
     sha256: str | None = None
@@ -50,6 +52,8 @@ class FileRecord:
 
 @dataclass
 class Manifest:
+    """The durable record of one published model (see the module contract)."""
+
     key: str
     uid: str
     storage_uri: str
@@ -74,13 +78,16 @@ class Manifest:
 
     @property
     def total_bytes(self) -> int:
+        """The model's size on disk as published: the sum of its files."""
         return sum(f.size for f in self.files)
 
     def to_json(self) -> str:
+        """The on-disk form: sorted keys, so two saves of one manifest are the same bytes."""
         return json.dumps(asdict(self), sort_keys=True, indent=1)
 
     @classmethod
     def from_json(cls, text: str) -> Manifest:
+        """Read a saved manifest, ignoring fields this version does not know (a newer agent's manifests load)."""
         raw = json.loads(text)
         known = {f.name for f in dataclasses.fields(cls)}
         files = [FileRecord(**f) for f in raw.pop("files", [])]
@@ -116,6 +123,7 @@ def file_digest(path: Path, chunk: int = 8 * 1024 * 1024) -> tuple[str, str]:
 
 
 def fsync_dir(path: Path) -> None:
+    """Make a rename or unlink in ``path`` durable: without it a crash may forget the directory entry."""
     fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
     try:
         os.fsync(fd)
@@ -124,6 +132,7 @@ def fsync_dir(path: Path) -> None:
 
 
 def write_atomic(path: Path, data: bytes) -> None:
+    """Replace ``path`` with ``data`` so a reader (or a restart) sees the old bytes or the new, never a mix."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     with tmp.open("wb") as fh:
         fh.write(data)
@@ -148,6 +157,7 @@ class ManifestStore:
         return root.manifests / f"{token_for(key)}.json"
 
     def load(self, key: str) -> Manifest | None:
+        """The manifest of ``key`` from whichever root holds it, or None (an unreadable one too: see ``problems``)."""
         for root in self.layout.roots:
             path = self._file(root, key)
             if path.exists():
@@ -164,6 +174,7 @@ class ManifestStore:
         return manifest
 
     def save(self, manifest: Manifest, root: Root) -> None:
+        """Write ``manifest`` atomically under ``root``, and drop any copy in another root: one record per model."""
         for other in self.layout.roots:  # a model moved between roots keeps one record
             if other != root:
                 with contextlib.suppress(FileNotFoundError):
@@ -177,6 +188,7 @@ class ManifestStore:
                 self._names.add(path.name)
 
     def delete(self, key: str) -> None:
+        """Forget ``key`` in every root, durably; deleting what is not there is harmless."""
         for root in self.layout.roots:
             path = self._file(root, key)
             with contextlib.suppress(FileNotFoundError):
@@ -199,6 +211,7 @@ class ManifestStore:
             return len(self._names)
 
     def all(self) -> Iterator[Manifest]:
+        """Every readable manifest of every root; unreadable ones are skipped and listed in ``problems``."""
         for root in self.layout.roots:
             if not root.manifests.is_dir():
                 continue

@@ -29,6 +29,8 @@ from model_agent.local.manifest import Manifest, fsync_dir, write_atomic
 
 @dataclass
 class TrashEntry:
+    """One quarantined model: its manifest as it was, when and why it was moved, and where its data waits."""
+
     id: str
     root: Root
     manifest: Manifest
@@ -37,13 +39,16 @@ class TrashEntry:
 
     @property
     def directory(self) -> Path:
+        """The entry's own directory: ``entry.json`` and ``data/``."""
         return self.root.trash / self.id
 
     @property
     def data(self) -> Path:
+        """The quarantined model directory, renamed here whole."""
         return self.directory / "data"
 
     def to_json(self) -> dict[str, Any]:
+        """The entry as ``/status`` and ``model-agent trash list`` show it."""
         return {
             "id": self.id,
             "key": self.manifest.key,
@@ -72,6 +77,8 @@ class _Summary:
 
 
 class Trash:
+    """The trash of every root (see the module contract): quarantine, restore, and purge after the grace period."""
+
     def __init__(self, layout: Layout) -> None:
         self.layout = layout
         self._summaries: dict[Path, _Summary] = {}  # entry directory -> summary
@@ -110,6 +117,7 @@ class Trash:
         return entry
 
     def entries(self) -> Iterator[TrashEntry]:
+        """Every entry of every root with a readable ``entry.json``, in name order within a root."""
         for root in self.layout.roots:
             if not root.trash.is_dir():
                 continue

@@ -65,6 +65,7 @@ class Artifact:
     children_paths: tuple[str, ...] | None = None
 
     def to_json(self) -> str:
+        """The artifact as Go encodes its struct (field order, ``omitempty``, ``null`` for unset paths)."""
         return _encode_struct(self._pairs())
 
     def _pairs(self) -> list[tuple[str, Any]]:
@@ -96,6 +97,7 @@ class ModelConfig:
             raise ValueError(f"max_tokens {self.max_tokens} does not fit in int32")
 
     def to_json(self) -> str:
+        """The config as Go encodes its struct, byte for byte (see the module contract)."""
         return _encode_struct(self._pairs())
 
     def _pairs(self) -> list[tuple[str, Any]]:
@@ -145,6 +147,7 @@ class DownloadProgress:
             raise ValueError("speed_bytes_per_sec must be finite")
 
     def to_json(self) -> str:
+        """The progress as Go encodes its struct, byte for byte (see the module contract)."""
         return _encode_struct(self._pairs())
 
     def _pairs(self) -> list[tuple[str, Any]]:
@@ -169,6 +172,7 @@ class ModelEntry:
     progress: DownloadProgress | None = None
 
     def to_json(self) -> str:
+        """The whole entry as OME's agent writes it (struct order, Go escaping); ``from_json`` reads it back."""
         pairs: list[tuple[str, Any]] = [("name", self.name), ("status", str(self.status))]
         if self.config is not None:
             pairs.append(("config", _Struct(self.config._pairs())))

@@ -66,6 +66,7 @@ class Budgets:
 
     @classmethod
     def of(cls, part: KeyPart) -> Budgets:
+        """Measure the budgets of ``part`` by keying a name far too long and seeing what survives the truncation."""
         long = "a" * 600
         cluster = parse_configmap_key(part(ModelRef(ModelKind.CLUSTER_BASE_MODEL, "", long)))
         # A one-character namespace is kept whole, so the name part takes the rest of the budget.

@@ -267,6 +267,7 @@ class ModelFramework:
     version: str | None = None
 
     def to_json(self) -> dict[str, str]:
+        """The ``modelFramework`` map as OME writes it: ``version`` left out only when unknown (None)."""
         out = {"name": self.name}
         if self.version is not None:
             out["version"] = self.version
@@ -284,6 +285,7 @@ class ModelFormat:
     version: str
 
     def to_json(self) -> dict[str, str]:
+        """The ``modelFormat`` map; both keys always written, as OME does."""
         return {"name": self.name, "version": self.version}
 
 
@@ -295,6 +297,7 @@ class DiffusionComponent:
     type: str = ""
 
     def to_spec(self) -> dict[str, str]:
+        """The component as the model spec carries it: empty fields left out, so an unknown library is not ``""``."""
         out: dict[str, str] = {}
         if self.library:
             out["library"] = self.library
@@ -368,6 +371,7 @@ class ParsedMetadata:
 
     @property
     def is_diffusers(self) -> bool:
+        """Whether the files are a diffusers pipeline (a ``model_index.json``) rather than one transformers model."""
         return self.diffusion_pipeline is not None
 
     def to_config_entry(self, artifact: Mapping[str, Any] | None = None) -> dict[str, Any]:

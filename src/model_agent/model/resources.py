@@ -90,6 +90,7 @@ class ModelRef:
 
     @property
     def key(self) -> str:
+        """The agent's key for this model, ``kind/namespace/name``: what the work queue, manifests and logs use."""
         return f"{self.kind.value}/{self.namespace}/{self.name}"
 
     @property
@@ -136,11 +137,15 @@ class NodeSelectorRequirement(_View):
 
 
 class NodeSelectorTerm(_View):
+    """One term of a node affinity: every expression in it must match (terms are ORed)."""
+
     match_expressions: list[NodeSelectorRequirement] = Field(default_factory=list, alias="matchExpressions")
     match_fields: list[NodeSelectorRequirement] = Field(default_factory=list, alias="matchFields")
 
 
 class NodeSelector(_View):
+    """A node affinity's required terms: the node is selected when any term matches."""
+
     node_selector_terms: list[NodeSelectorTerm] = Field(default_factory=list, alias="nodeSelectorTerms")
 
 
@@ -165,6 +170,8 @@ class StorageSpec(_View):
 
 
 class ModelFormatRef(_View):
+    """``spec.modelFormat`` as the author wrote it (the agent fills it only when empty)."""
+
     name: str | None = None
     version: str | None = None
 
@@ -179,6 +186,8 @@ class ModelSpec(_View):
 
 
 class ObjectMeta(_View):
+    """The metadata fields the agent reads: identity (UID), the spec's generation, deletion, labels, annotations."""
+
     name: str
     namespace: str = ""
     uid: str = ""
@@ -229,6 +238,7 @@ class ModelObject(_View):
 
     @property
     def ref(self) -> ModelRef:
+        """The model's identity without its spec: what outlives the object in queues and manifests."""
         return ModelRef(self.kind, self.metadata.namespace, self.metadata.name)
 
     @property

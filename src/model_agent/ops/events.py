@@ -30,6 +30,10 @@ WARNING = "Warning"
 
 @dataclass(frozen=True)
 class ObjectRef:
+    """The ``involvedObject`` of an Event: enough to find the object with ``kubectl describe`` and to tell a
+    recreated one (another UID) from the old.
+    """
+
     kind: str
     api_version: str
     name: str
@@ -38,6 +42,7 @@ class ObjectRef:
 
     @classmethod
     def of(cls, obj: dict[str, Any]) -> ObjectRef:
+        """The reference of a cached object; a missing field becomes ``""``, so a half-known object gets its Event."""
         meta = obj.get("metadata") or {}
         return cls(
             kind=str(obj.get("kind") or ""),
@@ -78,6 +83,11 @@ def _now() -> str:
 
 
 class EventRecorder:
+    """Sends Events for one agent (``host`` is its node): aggregated, rate-limited per object, never blocking.
+
+    ``sent`` and ``dropped`` count what reached the server and what the per-object bucket held back.
+    """
+
     def __init__(
         self,
         client: KubeClient,
@@ -97,6 +107,10 @@ class EventRecorder:
         self.dropped = 0
 
     def emit(self, ref: ObjectRef, type_: str, reason: str, message: str) -> None:
+        """Log the Event at once and send it in the background; over the object's budget it is only logged.
+
+        Never raises and never waits: callers emit from the reconcile path and the event loop.
+        """
         log.info(
             "event",
             object=f"{ref.kind}/{ref.namespace}/{ref.name}",

@@ -65,6 +65,7 @@ def forget_secret(value: str) -> None:
 
 
 def registered_count() -> int:
+    """How many secret strings are masked now (bounded by ``MAX_SECRETS``); for tests and ``/status``."""
     return len(_registered)
 
 
@@ -89,6 +90,7 @@ def _mask(value: Any) -> Any:
 
 
 def redact(_logger: Any, _name: str, event: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
+    """The structlog processor: mask credential-named fields whole and every registered secret wherever it appears."""
     for key in list(event):
         if any(s in key.lower() for s in _SENSITIVE_KEYS):
             event[key] = _REDACTED
@@ -115,6 +117,10 @@ def redact_record(record: logging.LogRecord) -> bool:
 
 
 def configure(level: str = "info") -> None:
+    """Install JSON logging at ``level`` with redaction on structlog's and the standard library's records alike.
+
+    Raises ValueError for an unknown level, so ``model-agent run`` fails at once instead of logging nothing.
+    """
     numeric = logging.getLevelName(level.upper())
     if not isinstance(numeric, int):
         raise ValueError(f"unknown log level {level!r} (use debug, info, warning or error)")

@@ -13,6 +13,8 @@ from collections import deque
 
 
 class LagWindow:
+    """The maximum lag of the last ``window_s`` seconds, kept in O(1) amortised per sample."""
+
     def __init__(self, window_s: float) -> None:
         self.window_s = window_s
         self._samples: deque[tuple[float, float]] = deque()  # (time, lag), lags strictly decreasing

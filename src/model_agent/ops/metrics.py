@@ -21,6 +21,8 @@ _LAG_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 
 
 
 class Metrics:
+    """Every metric of one agent, in a private registry; attribute names are the code's, metric names OME's."""
+
     def __init__(self) -> None:
         r = self.registry = CollectorRegistry()
         # --- OME's metrics (names are a compatibility contract)
@@ -138,9 +140,11 @@ class Metrics:
         )
 
     def observe_api(self, verb: str, resource: str, status: int, seconds: float) -> None:
+        """Record one API request's latency; a 401/403 also counts as an RBAC denial of ``resource``."""
         self.api_latency.labels(verb, resource, str(status)).observe(seconds)
         if status in (401, 403):
             self.rbac_denied.labels(resource).inc()
 
     def render(self) -> bytes:
+        """The registry in the Prometheus text format, for ``/metrics``."""
         return generate_latest(self.registry)
