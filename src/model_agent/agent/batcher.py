@@ -31,6 +31,12 @@ def _key_and_value_bytes(key: str, value: str | None) -> int:
 
 
 class KeyBatcher:
+    """Coalesces single-key writes into batched ``send`` calls (see the module guarantees).
+
+    ``gather_s`` is how long the flusher waits for more keys before it sends; it bounds the latency a write
+    adds, and trades it for fewer requests.
+    """
+
     def __init__(
         self,
         send: Send,
@@ -52,6 +58,10 @@ class KeyBatcher:
         self.requests = 0
 
     async def write(self, key: str, value: str | None) -> None:
+        """Write ``value`` for ``key`` (None removes it) and return once a request carrying it succeeded.
+
+        Raises the error of the batch that carried it, or the key's own refusal; the caller decides to retry.
+        """
         if self._task is None or self._task.done():
             self._task = asyncio.get_running_loop().create_task(self._flusher(), name="key batcher")
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
@@ -99,6 +109,7 @@ class KeyBatcher:
         return keys
 
     async def close(self) -> None:
+        """Stop the flusher; writes still waiting fail with ``RuntimeError`` rather than hanging forever."""
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):

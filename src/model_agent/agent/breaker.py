@@ -32,6 +32,8 @@ from pathlib import Path
 
 
 class Verdict(StrEnum):
+    """What the breaker allows a confirmed destructive act: go ahead, wait out the settle period, or hold."""
+
     ACT = "act"
     WAIT = "wait"  # settling: come back after ``delay_s``
     HELD = "held"  # breaker open
@@ -39,11 +41,15 @@ class Verdict(StrEnum):
 
 @dataclass(frozen=True)
 class Decision:
+    """A :class:`Verdict`, and how long to wait before asking again when it is ``wait``."""
+
     verdict: Verdict
     delay_s: float = 0.0
 
 
 class Breaker:
+    """The delete breaker of one node (see the module contract); ``on_change(opened, why)`` hears it trip and close."""
+
     def __init__(
         self,
         *,
@@ -74,10 +80,12 @@ class Breaker:
 
     @property
     def is_open(self) -> bool:
+        """Whether every destructive act is held now (``/status``, the ``model_agent_delete_breaker_open`` gauge)."""
         return self.opened_at is not None
 
     @property
     def pending(self) -> list[str]:
+        """The keys whose removal is pending or held, sorted: what ``model-agent status`` lists."""
         return sorted(self._pending)
 
     def _expire(self, now: float) -> None:
@@ -109,6 +117,7 @@ class Breaker:
                 self.resume(now)
 
     def resume(self, now: float | None = None) -> None:
+        """An operator's resume: close the breaker and let removals confirmed in the next window act."""
         now = self._clock() if now is None else now
         self._resumed_until = now + self.window_s
         if self.opened_at is not None:

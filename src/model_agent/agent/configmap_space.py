@@ -35,11 +35,14 @@ def entry_bytes(key: str, value: str | None) -> int:
 
 
 def data_bytes(data: Mapping[str, str]) -> int:
+    """What a ConfigMap's ``data`` costs against the API server's limit."""
     return sum(entry_bytes(k, v) for k, v in data.items())
 
 
 @dataclass(frozen=True)
 class Placement:
+    """:func:`place`'s decision for one batch: what to send, what was shrunk, what was refused, and the size after."""
+
     write: dict[str, str | None]  # what to send: key -> value (possibly compacted) or None (remove)
     compacted: frozenset[str]  # keys written in their smallest form for lack of room
     refused: Mapping[str, int]  # keys with no room even for their smallest form -> bytes that form needs
@@ -53,6 +56,7 @@ def place(
     compact: Callable[[str], str],
     ours: Callable[[str], bool] = lambda _key: False,
 ) -> Placement:
+    """Decide which keys of ``batch`` go, and in which form, so the patch fits in ``budget`` (the module's rules)."""
     used = data_bytes(current)
     write: dict[str, str | None] = {}
     compacted: set[str] = set()

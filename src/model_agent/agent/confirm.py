@@ -44,6 +44,8 @@ from model_agent.model.resources import ModelRef
 
 
 class Outcome(StrEnum):
+    """What a live read proved about a candidate (the module's table); only three outcomes prove absence."""
+
     CONFIRMED_GONE = "confirmed_gone"
     RECREATED_NEW_UID = "recreated_new_uid"
     DELETING = "deleting"
@@ -52,11 +54,14 @@ class Outcome(StrEnum):
 
     @property
     def proves_absence(self) -> bool:
+        """True for the three outcomes a destructive act may follow; every other outcome means requeue, never act."""
         return self in (Outcome.CONFIRMED_GONE, Outcome.RECREATED_NEW_UID, Outcome.DELETING)
 
 
 @dataclass(frozen=True)
 class Confirmation:
+    """The outcome of one confirmation, with the live object when there was one and when its read started."""
+
     outcome: Outcome
     live: dict[str, Any] | None = None  # the object read, when there was one
     detail: str = ""
@@ -70,6 +75,10 @@ class Confirmation:
 async def confirm_absence(
     client: KubeClient, ref: ModelRef, recorded_uid: str, *, deadline_s: float = 10.0
 ) -> Confirmation:
+    """Read ``ref`` live (a consistent GET within ``deadline_s``) and decide against ``recorded_uid``.
+
+    Never raises for an API or transport failure: those are ``read_failed_requeued``.
+    """
     resource = MODEL_RESOURCES[ref.kind.value]
     path = resource.path(ref.namespace or None, ref.name)
     started = time.monotonic()
@@ -183,6 +192,10 @@ class Confirmer:
         self._relisted[kind] = time.monotonic()
 
     async def confirm(self, ref: ModelRef, recorded_uid: str) -> Confirmation:
+        """Confirm one candidate: by its own GET, or, in a storm, by a fresh LIST of its kind shared with the others.
+
+        Same outcomes as :func:`confirm_absence`; a LIST older than the last thing heard of the key never decides it.
+        """
         if self._threshold is None:
             return await self._get(ref, recorded_uid)
         loop = asyncio.get_running_loop()

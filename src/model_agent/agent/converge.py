@@ -39,6 +39,8 @@ from enum import StrEnum
 
 
 class ManifestFact(StrEnum):
+    """What the manifest on disk says about the wanted target."""
+
     NONE = "none"  # no record for this key
     INTACT = "intact"  # a record of the wanted target that passes the fast check
     DAMAGED = "damaged"  # a record of the wanted target whose files changed or went missing
@@ -46,6 +48,8 @@ class ManifestFact(StrEnum):
 
 
 class TargetKind(StrEnum):
+    """What kind of target the spec names: one the agent downloads and owns, one it only reads, or neither."""
+
     FETCHED = "fetched"  # a source this agent downloads
     LOCAL = "local"  # local:// — read in place, never owned
     VENDOR = "vendor"  # vendor:// — nothing on disk to check
@@ -53,6 +57,8 @@ class TargetKind(StrEnum):
 
 
 class LocalDir(StrEnum):
+    """What a ``local://`` target's directory looks like now."""
+
     NOT_LOCAL = "not_local"
     MISSING = "missing"  # the directory is not there (or not a directory)
     PRESENT = "present"
@@ -60,12 +66,16 @@ class LocalDir(StrEnum):
 
 
 class JobFact(StrEnum):
+    """Whether a fetch job runs for this key, and whether it is for the target the spec wants now."""
+
     NONE = "none"
     THIS_TARGET = "this_target"
     OTHER_TARGET = "other_target"  # obsolete: the spec changed since it started
 
 
 class FailureFact(StrEnum):
+    """The last fetch failure of this target, if any, and whether its retry is due."""
+
     NONE = "none"
     RETRY_DUE = "retry_due"
     BACKING_OFF = "backing_off"
@@ -74,6 +84,8 @@ class FailureFact(StrEnum):
 
 
 class Act(StrEnum):
+    """The one thing the reconciler does next for a wanted model (the rows of the module's table)."""
+
     READY = "ready"
     FAIL_LOCAL = "fail_local"
     ADOPT = "adopt"
@@ -86,6 +98,8 @@ class Act(StrEnum):
 
 @dataclass(frozen=True)
 class Facts:
+    """Everything :func:`decide` may look at, gathered by the reconciler for one key at one instant."""
+
     manifest: ManifestFact
     kind: TargetKind
     local: LocalDir = LocalDir.NOT_LOCAL
@@ -96,6 +110,8 @@ class Facts:
 
 @dataclass(frozen=True)
 class Decision:
+    """:func:`decide`'s answer: the act and the clean-ups that go with it."""
+
     act: Act
     reason: str = ""  # the Failed reason for ``fail_local``
     cancel_job: bool = False  # cancel the running fetch job first (obsolete, or beaten by a restore)

@@ -48,6 +48,8 @@ def model_owner(obj: ModelObject) -> Owner:
 
 @dataclass(frozen=True)
 class ResolvedToken:
+    """The token a fetch uses (None: anonymous) and where it came from, so the caller can warn about a plain one."""
+
     token: str | None
     origin: str  # "secret", "parameters", "environment", "anonymous"
 
@@ -81,6 +83,10 @@ def _decode(raw: str) -> str | None:
 
 
 async def resolve_hf_token(client: KubeClient, obj: ModelObject, agent_namespace: str) -> ResolvedToken:
+    """The Hugging Face token for ``obj``, in the module's order; a named Secret that fails is an error, not anonymous.
+
+    Raises ``SourceError`` (``SecretNotFound``, ``SecretInvalid``, ``SecretForbidden``): never falls back silently.
+    """
     storage = obj.spec.storage
     if storage.key:
         where, secret = await _named_secret(client, obj, agent_namespace)

@@ -39,6 +39,8 @@ TRANSFER_PHASES = frozenset({"downloading"})
 
 @dataclass(frozen=True)
 class DownloadLimits:
+    """The two bounds of one fetch (the module's contract); zero turns a bound off."""
+
     timeout_s: float = 0.0  # 0: no overall limit
     min_rate_bytes_s: float = 0.0  # 0: no throughput floor
     window_s: float = 120.0
@@ -46,10 +48,13 @@ class DownloadLimits:
 
     @property
     def enabled(self) -> bool:
+        """Whether any bound is set: when none is, the fetch runs unwatched (no sampling task)."""
         return self.timeout_s > 0 or self.min_rate_bytes_s > 0
 
 
 class Verdict(StrEnum):
+    """:func:`judge`'s answer; the failing values are the ``Reason`` words the fetch fails with."""
+
     OK = "ok"
     TIMED_OUT = "DownloadTimeout"
     TOO_SLOW = "DownloadTooSlow"
@@ -57,6 +62,8 @@ class Verdict(StrEnum):
 
 @dataclass(frozen=True)
 class Sample:
+    """One look at a job's progress: when, whether it was moving bytes then, and how many it had."""
+
     at: float  # monotonic seconds
     transferring: bool  # in a phase of TRANSFER_PHASES
     completed_bytes: int

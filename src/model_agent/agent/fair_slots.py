@@ -36,6 +36,8 @@ class _Waiter:
 
 
 class FairSlots:
+    """The fair semaphore of the module contract: ``total`` slots, at most ``per_group`` per namespaced group."""
+
     def __init__(self, total: int, per_group: int | None = None) -> None:
         self.total = max(1, total)
         self.per_group = max(1, per_group if per_group is not None else self.total - 1)
@@ -45,9 +47,11 @@ class FairSlots:
 
     @property
     def in_use(self) -> int:
+        """Slots held now, over every group."""
         return sum(self._held.values())
 
     def held(self, group: str) -> int:
+        """Slots ``group`` holds now."""
         return self._held.get(group, 0)
 
     def _may_take(self, group: str) -> bool:
@@ -78,6 +82,7 @@ class FairSlots:
         self._waiting = [w for w in self._waiting if not w.future.done()]
 
     async def acquire(self, group: str) -> None:
+        """Wait for a slot for ``group``; cancelled while waiting, it takes none (a granted slot goes on)."""
         if not self._waiting and self._may_take(group):
             self._take(group)
             return
@@ -95,6 +100,7 @@ class FairSlots:
 
     @asynccontextmanager
     async def slot(self, group: str) -> AsyncIterator[None]:
+        """Hold one slot for ``group`` for the ``async with`` block: released exactly once, whatever happens inside."""
         await self.acquire(group)
         try:
             yield

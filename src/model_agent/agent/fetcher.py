@@ -51,6 +51,11 @@ T = TypeVar("T")
 
 @dataclass
 class Failure:
+    """The last failure of a key's fetch: for which target, why, and when the next attempt is due.
+
+    Kept per key so the reconciler can show ``Failed`` and requeue at ``retry_at`` without fetching again.
+    """
+
     target: str
     reason: str
     message: str
@@ -61,6 +66,8 @@ class Failure:
 
 @dataclass
 class Job:
+    """One running (or queued) fetch of one key: its target, progress and cancel state (see the module guarantees)."""
+
     key: str
     target: str
     task: asyncio.Task[None]
@@ -109,6 +116,8 @@ JobBody = Callable[[Job], Awaitable[None]]
 
 
 class Fetcher:
+    """The fetch pool of one agent (see the module guarantees): ``workers`` slots, one job per key."""
+
     def __init__(
         self,
         workers: int,
@@ -127,19 +136,27 @@ class Fetcher:
         self._rng = random.Random()
 
     def job(self, key: str) -> Job | None:
+        """The job of ``key``, running or waiting for a slot, or None."""
         return self._jobs.get(key)
 
     def jobs(self) -> list[Job]:
+        """A snapshot of every job, for ``/status`` and shutdown."""
         return list(self._jobs.values())
 
     def failure(self, key: str, target: str) -> Failure | None:
+        """The last failure of ``key`` if it was for ``target``: an older target's failure says nothing of this one."""
         failure = self._failures.get(key)
         return failure if failure is not None and failure.target == target else None
 
     def clear_failure(self, key: str) -> None:
+        """Forget ``key``'s failure (the model went away or became Ready another way), so its backoff starts afresh."""
         self._failures.pop(key, None)
 
     async def submit(self, key: str, target: str, body: JobBody) -> bool:
+        """Start ``body`` as the job of ``key`` for ``target`` unless one runs already; it never awaits the fetch.
+
+        A job for another target is cancelled first (awaited). Returns False once the fetcher is stopping.
+        """
         if self._stopped:
             return False
         # A loop, not an if: another submit for this key may have started a job while this one waited.

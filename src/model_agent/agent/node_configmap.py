@@ -88,6 +88,8 @@ def _too_large(exc: ApiError) -> bool:
 
 
 class NodeConfigMap:
+    """The writer of this node's ConfigMap (see the module contract); ``current`` returns the watched object."""
+
     def __init__(
         self,
         client: KubeClient,
@@ -116,15 +118,18 @@ class NodeConfigMap:
         self.batcher = KeyBatcher(self._send, max_bytes=MAX_BATCH_BYTES)
 
     def data(self) -> dict[str, str]:
+        """A copy of the watched ``data``: what the ConfigMap held as last heard."""
         cm = self._current() or {}
         return dict(cm.get("data") or {})
 
     def get(self, key: str) -> str | None:
+        """The watched value of ``key``, or None."""
         cm = self._current() or {}
         value = (cm.get("data") or {}).get(key)
         return value if isinstance(value, str) else None
 
     def identity_ok(self) -> bool:
+        """Whether the watched ConfigMap carries the label and annotations OME's controller finds it by."""
         cm = self._current()
         if cm is None:
             return False
@@ -291,4 +296,5 @@ class NodeConfigMap:
             self._latest = await self._client.request("PATCH", path, body=patch, content_type=MERGE_PATCH)
 
     async def close(self) -> None:
+        """Stop the write batcher; writes still waiting fail instead of hanging."""
         await self.batcher.close()

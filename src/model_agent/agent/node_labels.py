@@ -30,6 +30,8 @@ MERGE_PATCH = "application/merge-patch+json"
 
 
 class NodeLabels:
+    """Writes this node's ``models.ome.io/*`` labels (see the module contract); ``current_node`` is the watch's."""
+
     def __init__(
         self,
         client: KubeClient,
@@ -46,11 +48,13 @@ class NodeLabels:
         self.batcher = KeyBatcher(self._send)
 
     def labels(self) -> dict[str, str]:
+        """A copy of every label of the watched Node, as last heard (selection is evaluated against these)."""
         node = self._current_node() or {}
         labels = (node.get("metadata") or {}).get("labels") or {}
         return dict(labels)
 
     def model_labels(self) -> dict[str, str]:
+        """The watched Node's labels under ``models.ome.io/``: the only ones the agent may write."""
         prefix = MODEL_LABEL_DOMAIN + "/"
         return {k: v for k, v in self.labels().items() if k.startswith(prefix)}
 
@@ -91,4 +95,5 @@ class NodeLabels:
             delay = min(delay * 2, 2.0)
 
     async def close(self) -> None:
+        """Stop the write batcher; writes still waiting fail instead of hanging."""
         await self.batcher.close()

@@ -55,11 +55,14 @@ def _parse(value: Any) -> datetime | None:
 
 
 def lease_names(source: str, slots: int) -> list[str]:
+    """The ``slots`` Lease names of ``source``: the same on every node, so the fleet competes for the same K."""
     digest = hashlib.sha256(source.encode()).hexdigest()[:20]
     return [f"origin-{digest}-{i}" for i in range(slots)]
 
 
 class OriginSlots:
+    """At most ``slots`` holders of a source across the fleet, through Leases (see the module contract); 0: no limit."""
+
     def __init__(
         self,
         client: KubeClient,
@@ -81,6 +84,10 @@ class OriginSlots:
 
     @contextlib.asynccontextmanager
     async def hold(self, source: str, on_wait: Callable[[], None] = lambda: None) -> AsyncIterator[str]:
+        """Hold a slot of ``source`` for the ``async with`` block, renewing it; ``on_wait`` hears that all are busy.
+
+        Yields the Lease's name (``""`` when slots are off); the slot is released on leaving, whatever happens.
+        """
         if self.slots <= 0:
             yield ""
             return

@@ -54,6 +54,8 @@ _UNUSABLE = re.compile(r"[\x00-\x1f\x7f]")
 
 
 class Mode(StrEnum):
+    """What a claim does with its directory: a fetched model writes it, a ``local://`` one only reads it."""
+
     WRITE = "writes"
     READ = "reads"
 
@@ -83,6 +85,7 @@ class Owner:
 
     @property
     def trusted(self) -> bool:
+        """A ClusterBaseModel's owner (a cluster admin's): the read-only overlap rule applies only to these."""
         return not self.namespace
 
 
@@ -98,6 +101,7 @@ class Claim:
 
     @property
     def rank(self) -> tuple[str, str]:
+        """The order of precedence between two claims: older first, then by key, so every node decides alike."""
         return (self.created, self.key)
 
 
@@ -113,6 +117,7 @@ class Conflict:
 
     @property
     def message(self) -> str:
+        """The refusal as the model's ``PathConflict`` reason says it: which path, whose, and the rule."""
         where = "" if self.relation == Relation.SAME else f" {self.their_path!r},"
         return (
             f"{self.my_path!r} {self.relation.value}{where} the directory that {self.holder.key} "
@@ -154,6 +159,7 @@ class ClaimIndex:
         return len(self._by_path)
 
     def add(self, claim: Claim) -> None:
+        """Index ``claim`` under each of its paths."""
         for path in claim.paths:
             holders = self._by_path.setdefault(path, [])
             if not holders:
@@ -262,6 +268,7 @@ def restorable_to(key: str, raw: Mapping[str, Any] | None) -> Callable[[Manifest
 
 
 def owner_of_model(obj: ModelObject) -> Owner:
+    """The owner identity of ``obj``: namespace, storage URI, Secret name and parameters, all four."""
     storage = obj.spec.storage
     return Owner(obj.ref.namespace, storage.storage_uri, storage.key or "", dict(storage.parameters))
 
@@ -276,11 +283,14 @@ class PathGate(Protocol):
     ``realpath``, not the whole of ``confine`` (a fifth of the time; 5,000 models are derived at start-up).
     """
 
-    def writable(self, resolved: str) -> bool: ...
+    def writable(self, resolved: str) -> bool:
+        """Whether a fetched model may write at ``resolved`` (inside a root, not a root, not the private area)."""
 
-    def check_local(self, raw: str, *, tenant: bool = False) -> Path: ...
+    def check_local(self, raw: str, *, tenant: bool = False) -> Path:
+        """A ``local://`` path as given once it passes the checks, else ``PathRefused`` (stricter for tenants)."""
 
-    def resolve(self, raw: str) -> str: ...
+    def resolve(self, raw: str) -> str:
+        """``raw`` normalised with symlinks resolved: the identity two spellings of one directory share."""
 
 
 def owner_of(namespace: str, storage: Mapping[str, Any]) -> Owner:

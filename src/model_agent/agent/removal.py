@@ -64,6 +64,8 @@ log = structlog.get_logger(__name__)
 
 @dataclass(frozen=True)
 class Candidate:
+    """A model suspected gone from this node: a rumour to confirm, with the UID and manifest the agent holds."""
+
     ref: ModelRef
     uid: str
     manifest: Manifest | None
@@ -72,6 +74,8 @@ class Candidate:
 
 @dataclass
 class RemovalContext:
+    """The collaborators a removal needs, handed in once by the agent's wiring."""
+
     client: KubeClient
     node_name: str
     layout: Layout
@@ -94,6 +98,8 @@ class RemovalContext:
 
 
 class Remover:
+    """The one destructive path (see the module contract): confirm, ask the breaker, act in order, record."""
+
     def __init__(self, ctx: RemovalContext) -> None:
         self.ctx = ctx
         # (key, uid) of objects whose last state heard from the watch carried reserve-model-artifact. A plain

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 
 class Requeue(Exception):
+    """Look at the key again: after ``delay_s``, or with the queue's backoff when None; ``why`` is logged."""
+
     def __init__(self, why: str, delay_s: float | None = None) -> None:
         super().__init__(why)
         self.why = why

@@ -32,6 +32,8 @@ _COMMIT = re.compile(r"^[0-9a-f]{40}$")
 
 
 class ResolveCache:
+    """The cluster-wide record of resolved revisions (see the module contract); ``hits``/``misses`` are counted."""
+
     def __init__(
         self, client: KubeClient, namespace: str, *, lock: OriginSlots | None = None, ttl_s: float = 600.0
     ) -> None:
@@ -45,6 +47,10 @@ class ResolveCache:
     async def resolve(
         self, uri: str, revision: str, compute: Callable[[], Awaitable[tuple[str, list[dict[str, Any]]]]]
     ) -> tuple[str, list[dict[str, Any]]]:
+        """The commit and file list of ``uri`` at ``revision``: from the record, or from ``compute`` (then recorded).
+
+        With a lock, one node of the cluster computes at a time and the others read its record afterwards.
+        """
         found = await self.get(uri, revision)
         if found is not None:
             return found
@@ -62,9 +68,11 @@ class ResolveCache:
 
     @staticmethod
     def name(uri: str) -> str:
+        """The record's ConfigMap name for ``uri``: a digest, since a URI is no valid object name."""
         return "model-agent-resolve-" + hashlib.sha256(uri.encode()).hexdigest()[:24]
 
     async def get(self, uri: str, revision: str) -> tuple[str, list[dict[str, Any]]] | None:
+        """The recorded answer for ``uri`` if it is still valid for ``revision``; None for anything unreadable."""
         try:
             cm = await self._client.request("GET", CONFIGMAPS.path(self._namespace, self.name(uri)))
             data = cm.get("data") or {}
@@ -83,6 +91,7 @@ class ResolveCache:
         return commit, files
 
     async def put(self, uri: str, commit: str, files: list[dict[str, Any]]) -> None:
+        """Record an answer for the other nodes; a failed write is logged, never raised (they resolve by themselves)."""
         name = self.name(uri)
         body = {
             "apiVersion": "v1",

@@ -70,6 +70,8 @@ async def _never() -> None:
 
 
 class Supervisor:
+    """Runs and restarts the agent's background components (see the module contract)."""
+
     def __init__(
         self,
         *,
@@ -91,6 +93,7 @@ class Supervisor:
         component.task = asyncio.get_running_loop().create_task(self._keep(component), name=name)
 
     def failures(self, name: str) -> int:
+        """How often component ``name`` failed since it was spawned."""
         return self._components[name].failures
 
     def report(self, name: str, exc: BaseException) -> None:
@@ -142,6 +145,7 @@ class Supervisor:
         return "; ".join(f"{name} down ({why})" for name, why in sorted(down.items()))
 
     async def stop(self) -> None:
+        """Cancel every component and wait until each has ended; none is restarted afterwards."""
         tasks = [c.task for c in self._components.values() if c.task is not None]
         for task in tasks:
             task.cancel()
