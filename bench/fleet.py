@@ -41,8 +41,8 @@ from model_agent.agent.settings import Settings  # noqa: E402
 from model_agent.kube.client import KubeClient  # noqa: E402
 from model_agent.kube.resources import CLUSTERBASEMODELS, NODES  # noqa: E402
 from model_agent.ops import logging as agent_logging  # noqa: E402
+from testbed.proxies.faultproxy import FaultProxy  # noqa: E402
 from testbed.servers import controlplane as cp  # noqa: E402
-from tests.support.faultproxy import FaultProxy  # noqa: E402
 
 CBM_PATH = r"/apis/ome\.io/v1beta1/clusterbasemodels$"
 
@@ -244,9 +244,9 @@ async def cell(n: int, m: int, work: Path, baseline_timeout: float) -> dict[str,
 
 async def origin(n: int, slots: int, work: Path) -> dict[str, Any]:
     """N agents want one Hugging Face model at once: concurrent fetchers and hub API calls, seen by the mirror."""
+    from testbed.models import tiny_llama
     from testbed.proxies.countingproxy import max_concurrent_clients
     from testbed.servers.olah import OlahServer, create_model_repo
-    from tests.support.models import tiny_llama
 
     mirrors = work / f"origin-{n}-{slots}-mirrors"
     repo = "acme/origin-bench"

@@ -27,8 +27,8 @@ sys.path.insert(0, str(ROOT))
 
 from model_agent.kube.client import KubeClient  # noqa: E402
 from model_agent.kube.resources import CLUSTERBASEMODELS, CONFIGMAPS, NODES  # noqa: E402
+from testbed.agent_process import AgentProcess  # noqa: E402
 from testbed.servers.controlplane import ControlPlane, node_manifest  # noqa: E402
-from tests.support.agent import AgentProcess  # noqa: E402
 
 TARGET_SECONDS = 20.0
 TARGET_RSS_MB = 150.0

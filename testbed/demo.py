@@ -24,29 +24,18 @@ Contract:
   agent's log when the agent is involved) and exit 1; exit 2 when a component could not be started.
 * Readable without a terminal (CI): the live views degrade to their final state, which is printed.
 
-The demo must not import from ``tests/``: it makes its own model. It prefers ``numpy`` + ``safetensors``
-(development dependencies) and otherwise writes the safetensors file by hand (an 8-byte little-endian
-header length, a JSON header, then the raw little-endian float32 data).
+The model it serves is the test bed's tiny llama (:mod:`testbed.models`), the one the tests use.
 """
 
 from __future__ import annotations
 
-import array
 import asyncio
 import contextlib
 import json
 import os
-import random
 import shutil
-import signal
-import socket
-import struct
-import subprocess
-import sys
 import tempfile
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -66,6 +55,8 @@ from model_agent.kube.resources import CLUSTERBASEMODELS, CONFIGMAPS, NODES
 from model_agent.local.layout import Layout
 from model_agent.local.trash import Trash
 from model_agent.model.keys import ModelKind, configmap_key, node_label_key
+from testbed.agent_process import AgentProcess, AgentProcessError
+from testbed.models import tiny_llama
 from testbed.servers.controlplane import ControlPlane, ControlPlaneError
 from testbed.servers.olah import OlahError, OlahServer, create_model_repo, default_venv_dir, ensure_olah
 
@@ -96,81 +87,7 @@ class DemoError(Exception):
 
 # ------------------------------------------------------------------------------------------- the model
 
-_HIDDEN = 64
-_LAYERS = 2
-_VOCAB = 128
-_MAX_POSITIONS = 4096
-
-
-def _tensor_shapes() -> dict[str, tuple[int, int]]:
-    return {
-        "model.embed_tokens.weight": (_VOCAB, _HIDDEN),
-        "model.layers.0.mlp.up_proj.weight": (_HIDDEN * 2, _HIDDEN),
-        "model.layers.1.mlp.up_proj.weight": (_HIDDEN * 2, _HIDDEN),
-        "lm_head.weight": (_VOCAB, _HIDDEN),
-    }
-
-
-def safetensors_by_hand(tensors: dict[str, tuple[tuple[int, ...], list[float]]]) -> bytes:
-    """A safetensors file of float32 tensors: ``u64le header length`` + JSON header + raw data."""
-    header: dict[str, Any] = {"__metadata__": {"format": "pt"}}
-    blobs: list[bytes] = []
-    offset = 0
-    for name, (shape, values) in tensors.items():
-        data = array.array("f", values)
-        if sys.byteorder != "little":
-            data.byteswap()
-        raw = data.tobytes()
-        header[name] = {"dtype": "F32", "shape": list(shape), "data_offsets": [offset, offset + len(raw)]}
-        blobs.append(raw)
-        offset += len(raw)
-    encoded = json.dumps(header, separators=(",", ":")).encode()
-    encoded += b" " * (-len(encoded) % 8)  # the data starts 8-byte aligned, as the reference writer does
-    return struct.pack("<Q", len(encoded)) + encoded + b"".join(blobs)
-
-
-def _safetensors(seed: int) -> bytes:
-    shapes = _tensor_shapes()
-    try:
-        import numpy as np
-        from safetensors.numpy import save
-    except ImportError:
-        rng = random.Random(seed)
-        return safetensors_by_hand(
-            {name: (shape, [rng.gauss(0.0, 1.0) for _ in range(shape[0] * shape[1])]) for name, shape in shapes.items()}
-        )
-    gen = np.random.default_rng(seed)
-    data: bytes = save({name: gen.standard_normal(shape, dtype=np.float32) for name, shape in shapes.items()})
-    return data
-
-
-def tiny_llama_files(seed: int = 0) -> dict[str, bytes]:
-    """A small but real llama-shaped model: config.json, model.safetensors, tokenizer_config.json."""
-    config = {
-        "architectures": ["LlamaForCausalLM"],
-        "model_type": "llama",
-        "hidden_size": _HIDDEN,
-        "num_hidden_layers": _LAYERS,
-        "vocab_size": _VOCAB,
-        "max_position_embeddings": _MAX_POSITIONS,
-        "torch_dtype": "float32",
-        "transformers_version": "4.43.0",
-    }
-    return {
-        "config.json": json.dumps(config, indent=2).encode(),
-        "model.safetensors": _safetensors(seed),
-        "tokenizer_config.json": json.dumps({"model_max_length": _MAX_POSITIONS}).encode(),
-    }
-
-
 # ------------------------------------------------------------------------------------------- helpers
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 def _fmt_bytes(n: int) -> str:
@@ -217,105 +134,36 @@ def cluster_base_model(dest: Path) -> dict[str, Any]:
 # ------------------------------------------------------------------------------------------- the agent
 
 
-class AgentProcess:
-    """``model-agent run`` for ``demo-node`` as a subprocess in its own session, logging to a file."""
+class DemoAgent(AgentProcess):
+    """The test bed's agent process for ``demo-node``, failing with :class:`DemoError` and the log's tail."""
 
     def __init__(self, *, kubeconfig: Path, models_root: Path, log_path: Path, hf_endpoint: str, hf_home: Path):
-        self.kubeconfig = kubeconfig
-        self.models_root = models_root
-        self.log_path = log_path
-        self.hf_endpoint = hf_endpoint
-        self.hf_home = hf_home
-        self.port = 0
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> None:
-        self.port = _free_port()
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "MODEL_AGENT_"))}
-        env.update(
-            {
-                "NODE_NAME": NODE,
-                "HF_ENDPOINT": self.hf_endpoint,
-                "HF_HOME": str(self.hf_home),
-                "HF_HUB_OFFLINE": "0",
-                "HF_HUB_DISABLE_TELEMETRY": "1",
-            }
+        super().__init__(
+            kubeconfig=kubeconfig,
+            node=NODE,
+            models_root=models_root,
+            log_path=log_path,
+            hf_endpoint=hf_endpoint,
+            hf_home=hf_home,
+            args=AGENT_ARGS,
+            log_level="info",
         )
-        argv = [
-            sys.executable,
-            "-m",
-            "model_agent",
-            "run",
-            "--kubeconfig",
-            str(self.kubeconfig),
-            "--models-root-dir",
-            str(self.models_root),
-            "--port",
-            str(self.port),
-            "--log-level",
-            "info",
-            *AGENT_ARGS,
-        ]
-        self.models_root.mkdir(parents=True, exist_ok=True)
-        with self.log_path.open("ab") as log:
-            self.proc = subprocess.Popen(
-                argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, start_new_session=True
-            )
-
-    @property
-    def pid(self) -> int:
-        return self.proc.pid if self.proc is not None else 0
-
-    def alive(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
-
-    def http(self, path: str, timeout: float = 5.0) -> tuple[int, str]:
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}{path}", timeout=timeout) as resp:
-                return int(resp.status), resp.read().decode()
-        except urllib.error.HTTPError as exc:
-            return exc.code, exc.read().decode(errors="replace")
 
     def failure(self, message: str) -> DemoError:
         """A DemoError carrying the last lines of the agent log."""
         return DemoError(message, details=f"last {LOG_TAIL_LINES} lines of {self.log_path}:\n{_tail(self.log_path)}")
 
     def check_alive(self) -> None:
+        """Raise the demo's error when the agent process has exited."""
         if self.proc is not None and self.proc.poll() is not None:
             raise self.failure(f"the agent exited with code {self.proc.returncode}")
 
-    def wait_ready(self, timeout: float) -> float:
-        started = time.monotonic()
-        while True:
-            self.check_alive()
-            with contextlib.suppress(OSError):
-                if self.http("/readyz", timeout=2)[0] == 200:
-                    return time.monotonic() - started
-            if time.monotonic() - started > timeout:
-                raise self.failure(f"the agent did not answer /readyz with 200 within {timeout:.0f}s")
-            time.sleep(0.1)
-
-    def metric_line(self, prefix: str) -> str | None:
-        """The exposition line starting with ``prefix`` (e.g. a metric name with its labels), if any."""
+    def wait_ready(self, timeout: float = AGENT_READY_TIMEOUT_S) -> float:
+        """As the test bed's, but a failure is the demo's one-line error followed by the log's tail."""
         try:
-            _, text = self.http("/metrics")
-        except OSError:
-            return None
-        return next((line for line in text.splitlines() if line.startswith(prefix + " ")), None)
-
-    def stop(self) -> float | None:
-        """SIGTERM, wait, SIGKILL after a deadline; seconds it took, None when it was not running."""
-        proc = self.proc
-        if proc is None or proc.poll() is not None:
-            return None
-        started = time.monotonic()
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=AGENT_STOP_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        return time.monotonic() - started
+            return super().wait_ready(timeout)
+        except AgentProcessError as exc:
+            raise self.failure(str(exc).split(";", 1)[0]) from None
 
 
 # ------------------------------------------------------------------------------------------- live views
@@ -398,7 +246,7 @@ class Demo:
         self.dest = self.models_root / MODEL
         self.manifest_path = work / f"{MODEL}.yaml"
         self.mirror: OlahServer | None = None
-        self.agent: AgentProcess | None = None
+        self.agent: DemoAgent | None = None
 
     # ---- printing
 
@@ -460,7 +308,7 @@ class Demo:
         try:
             self.plane.up([NODE], echo=self._echo)
             ensure_olah(default_venv_dir())
-            files = tiny_llama_files()
+            files = tiny_llama()
             commit = create_model_repo(self.mirrors, REPO, files)
             sizes = ", ".join(f"{name} {_fmt_bytes(len(data))}" for name, data in files.items())
             self.say(f"      mirror repository {REPO} @ {commit[:12]}: {sizes}")
@@ -473,7 +321,7 @@ class Demo:
         self.step(2, "starting the agent: model-agent run " + " ".join(AGENT_ARGS))
         # With --keep the agent outlives this process and its counting proxy, so it talks to olah itself.
         endpoint = self.mirror.olah_endpoint if self.keep else self.mirror.endpoint
-        self.agent = AgentProcess(
+        self.agent = DemoAgent(
             kubeconfig=self.plane.kubeconfig,
             models_root=self.models_root,
             log_path=self.work / "agent.log",
@@ -491,8 +339,9 @@ class Demo:
 
     def _stop_agent(self) -> None:
         if self.agent is not None:
-            took = self.agent.stop()
-            if took is not None:
+            was_running = self.agent.alive()
+            took = self.agent.stop(AGENT_STOP_TIMEOUT_S, must_stop=False)
+            if was_running:
                 self.say(f"      agent stopped (SIGTERM) in {took:.1f}s")
 
     def _stop_mirror(self) -> None:

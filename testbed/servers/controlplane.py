@@ -36,6 +36,7 @@ import yaml
 
 from model_agent.kube.client import ApiError, ApiUnavailable, KubeClient
 from model_agent.kube.resources import CRDS, NAMESPACES, NODES
+from testbed.ports import free_port
 from testbed.servers import pki as _pki
 
 KUBERNETES_VERSION = "v1.36.3"
@@ -238,13 +239,6 @@ class State:
     started_at: float = 0.0
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
 def _port_in_use(port: int) -> bool:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -352,9 +346,9 @@ class ControlPlane:
         self.state_dir.mkdir(parents=True)
         certs = _pki.generate(self.state_dir / "pki")
         state = State(
-            etcd_port=_free_port(),
-            etcd_peer_port=_free_port(),
-            apiserver_port=apiserver_port or _free_port(),
+            etcd_port=free_port(),
+            etcd_peer_port=free_port(),
+            apiserver_port=apiserver_port or free_port(),
             kubeconfig=str(self.kubeconfig),
             nodes=list(nodes),
             started_at=time.time(),

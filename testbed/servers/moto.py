@@ -30,7 +30,6 @@ from __future__ import annotations
 import contextlib
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -41,6 +40,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from testbed.ports import free_port
 from testbed.servers.service import ManagedService, stop_process, wait_until_answering
 
 if TYPE_CHECKING:
@@ -67,13 +67,6 @@ class MotoRequest:
     method: str
     path: str
     status: int
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 class MotoServer(ManagedService):
@@ -113,7 +106,7 @@ class MotoServer(ManagedService):
             raise MotoError(f"moto is not installed: pip install 'moto[server]=={MOTO_VERSION}'") from exc
         self.state_dir.mkdir(parents=True, exist_ok=True)
         for _ in range(3):  # the free port we picked can be taken before moto binds it
-            self.port = _free_port()
+            self.port = free_port()
             offset = self.log_path.stat().st_size if self.log_path.exists() else 0
             with self.log_path.open("ab") as log:
                 self._proc = subprocess.Popen(

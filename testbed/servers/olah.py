@@ -53,7 +53,6 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -62,6 +61,7 @@ from pathlib import Path, PurePosixPath
 
 from aiohttp import web
 
+from testbed.ports import free_port
 from testbed.proxies.countingproxy import CountingProxy, ServedRequest
 from testbed.servers.service import ManagedService, stop_process, wait_until_answering
 
@@ -294,13 +294,6 @@ def _default_revision_shim(mirrors_root: Path) -> Callable[[web.Request], str]:
 # ----------------------------------------------------------------------------------------------- server
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
 def _toml_str(value: str) -> str:
     return json.dumps(value)  # a JSON string is a valid TOML basic string for paths
 
@@ -428,7 +421,7 @@ class OlahServer(ManagedService):
             self._proxy.start()
             for _ in range(3):  # the free port we picked can be taken before olah binds it
                 began = time.monotonic()
-                self._olah_port = _free_port()
+                self._olah_port = free_port()
                 self._proxy.upstream = self.olah_endpoint
                 self._write_config(self._proxy.port)
                 log_offset = self.log_path.stat().st_size if self.log_path.exists() else 0

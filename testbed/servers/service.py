@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import signal
-import socket
 import subprocess
 import time
 import urllib.error
@@ -17,6 +16,8 @@ import urllib.request
 from pathlib import Path
 from types import TracebackType
 from typing import Self
+
+from testbed.ports import free_port
 
 
 def wait_until_answering(
@@ -85,14 +86,6 @@ def stop_process(proc: subprocess.Popen[bytes] | None, sig: int = signal.SIGTERM
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait(timeout=timeout)
-
-
-def free_port() -> int:
-    """A loopback TCP port that was free a moment ago (the caller retries when it is taken meanwhile)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 class LocalProcess(ManagedService):

@@ -10,9 +10,9 @@ import pytest
 
 from model_agent.kube.client import ApiError
 from model_agent.kube.resources import BASEMODELS, CLUSTERBASEMODELS
+from testbed.agent_process import AgentProcess
+from testbed.proxies.faultproxy import FaultProxy
 from testbed.servers.olah import OlahServer
-from tests.support.agent import AgentProcess
-from tests.support.faultproxy import FaultProxy
 from tests.support.kube import Kube
 
 AgentFactory = Callable[..., Awaitable[AgentProcess]]

@@ -9,10 +9,10 @@ import pytest
 
 from model_agent.model.keys import configmap_key, node_label_key
 from model_agent.model.metadata import format_parameter_size
+from testbed.models import parameter_count, tiny_llama
 from testbed.servers.olah import OlahServer, create_model_repo
 from tests.e2e.conftest import AgentFactory
 from tests.support.kube import Kube, bm, cbm
-from tests.support.models import parameter_count, tiny_llama
 from tests.support.waiting import always, eventually
 
 pytestmark = pytest.mark.e2e

@@ -10,13 +10,13 @@ from typing import Any
 import pytest
 
 from model_agent.model.keys import configmap_key, node_label_key
+from testbed.models import tiny_llama
 from testbed.servers import azurite as az
 from testbed.servers import fakegcs
 from testbed.servers.azurite import AzuriteServer
 from testbed.servers.fakegcs import FakeGcsServer
 from tests.e2e.conftest import AgentFactory
 from tests.support.kube import Kube, cbm
-from tests.support.models import tiny_llama
 from tests.support.waiting import eventually
 
 pytestmark = pytest.mark.e2e

@@ -23,9 +23,9 @@ import pytest
 
 from model_agent.kube.resources import CONFIGMAPS
 from model_agent.model.keys import configmap_key, node_label_key
-from tests.support.agent import AgentProcess
+from testbed.agent_process import AgentProcess
+from testbed.models import tiny_llama
 from tests.support.kube import Kube, cbm
-from tests.support.models import tiny_llama
 from tests.support.waiting import eventually
 
 pytestmark = pytest.mark.e2e

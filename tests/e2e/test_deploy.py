@@ -42,10 +42,10 @@ from model_agent.agent.resolve_cache import ResolveCache
 from model_agent.kube.client import ApiError, KubeClient
 from model_agent.kube.resources import CLUSTERBASEMODELS, CONFIGMAPS, LEASES
 from model_agent.model.keys import configmap_key, node_label_key
+from testbed.agent_process import AgentProcess
+from testbed.models import tiny_llama
 from testbed.servers.controlplane import helm_binary, repo_root
-from tests.support.agent import AgentProcess
 from tests.support.kube import Kube, bm, cbm
-from tests.support.models import tiny_llama
 from tests.support.waiting import eventually
 
 pytestmark = pytest.mark.e2e

@@ -14,12 +14,12 @@ from pathlib import Path
 
 import pytest
 
+from testbed.models import tiny_llama
+from testbed.proxies.faultproxy import FaultProxy, Rule, stall
 from testbed.servers.olah import OlahServer, create_model_repo
 from tests.e2e.conftest import AgentFactory
 from tests.e2e.test_reconcile_safety import wait_failed, wait_ready
-from tests.support.faultproxy import FaultProxy, Rule, stall
 from tests.support.kube import Kube, cbm
-from tests.support.models import tiny_llama
 
 pytestmark = pytest.mark.e2e
 

@@ -11,10 +11,10 @@ from model_agent.agent.origin_slots import lease_names
 from model_agent.kube.client import ApiError
 from model_agent.kube.resources import LEASES
 from model_agent.model.keys import configmap_key, node_label_key
+from testbed.models import tiny_llama
 from testbed.servers.olah import OlahServer, create_model_repo
 from tests.e2e.conftest import AgentFactory
 from tests.support.kube import Kube, cbm
-from tests.support.models import tiny_llama
 from tests.support.waiting import eventually
 
 pytestmark = pytest.mark.e2e

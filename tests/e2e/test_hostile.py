@@ -35,11 +35,11 @@ import pytest
 from model_agent.kube.client import ApiError
 from model_agent.kube.resources import EVENTS, SECRETS
 from model_agent.model.keys import configmap_key, node_label_key
+from testbed.agent_process import AgentProcess
+from testbed.models import tiny_llama
 from testbed.servers.olah import OlahServer, create_model_repo
 from tests.e2e.conftest import AgentFactory
-from tests.support.agent import AgentProcess
 from tests.support.kube import Kube, bm, cbm
-from tests.support.models import tiny_llama
 from tests.support.waiting import always, eventually
 
 pytestmark = pytest.mark.e2e

@@ -13,11 +13,11 @@ import pytest
 
 from model_agent.kube.resources import CONFIGMAPS
 from model_agent.model.keys import configmap_key, node_label_key
+from testbed.agent_process import AgentProcess
+from testbed.models import tiny_llama
 from testbed.servers.olah import OlahServer, create_model_repo
 from tests.e2e.conftest import AgentFactory
-from tests.support.agent import AgentProcess
 from tests.support.kube import Kube, LabelHistory, cbm
-from tests.support.models import tiny_llama
 from tests.support.waiting import eventually
 
 pytestmark = pytest.mark.e2e

@@ -13,10 +13,10 @@ from collections.abc import Iterator
 import pytest
 
 from model_agent.model.keys import configmap_key, node_label_key
+from testbed.models import tiny_llama
 from tests.e2e.conftest import AgentFactory
 from tests.support.fake_oci import FakeOciObjectStorage, UserPrincipal, write_user_principal
 from tests.support.kube import Kube, cbm
-from tests.support.models import tiny_llama
 from tests.support.waiting import eventually
 
 pytestmark = pytest.mark.e2e

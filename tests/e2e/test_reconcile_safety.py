@@ -25,12 +25,12 @@ import pytest
 
 from model_agent.kube.resources import CLUSTERBASEMODELS
 from model_agent.model.keys import configmap_key, node_label_key
+from testbed.agent_process import AgentProcess
+from testbed.models import tiny_llama
+from testbed.proxies.faultproxy import FaultProxy, Rule, stall
 from testbed.servers.olah import OlahServer, create_model_repo
 from tests.e2e.conftest import AgentFactory
-from tests.support.agent import AgentProcess
-from tests.support.faultproxy import FaultProxy, Rule, stall
 from tests.support.kube import Kube, LabelHistory, cbm
-from tests.support.models import tiny_llama
 from tests.support.waiting import eventually
 
 pytestmark = pytest.mark.e2e

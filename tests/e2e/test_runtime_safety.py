@@ -20,12 +20,12 @@ import pytest
 from model_agent.local.layout import Layout
 from model_agent.local.manifest import Manifest
 from model_agent.model.keys import configmap_key, node_label_key
+from testbed.agent_process import AgentProcess
+from testbed.models import tiny_llama
+from testbed.proxies.faultproxy import FaultProxy, Rule, by_name, respond, stall, strip_list_items
 from testbed.servers.olah import create_model_repo
 from tests.e2e.conftest import AgentFactory
-from tests.support.agent import AgentProcess
-from tests.support.faultproxy import FaultProxy, Rule, by_name, respond, stall, strip_list_items
 from tests.support.kube import Kube, cbm
-from tests.support.models import tiny_llama
 from tests.support.waiting import eventually
 
 pytestmark = pytest.mark.e2e

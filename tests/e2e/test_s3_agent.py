@@ -9,10 +9,10 @@ from collections.abc import Iterator
 import pytest
 
 from model_agent.model.keys import configmap_key, node_label_key
+from testbed.models import tiny_llama
 from testbed.servers.moto import MotoServer, create_bucket, upload_objects
 from tests.e2e.conftest import AgentFactory
 from tests.support.kube import Kube, cbm
-from tests.support.models import tiny_llama
 from tests.support.waiting import eventually
 
 pytestmark = pytest.mark.e2e

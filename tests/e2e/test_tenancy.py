@@ -42,10 +42,10 @@ from cryptography.hazmat.primitives.asymmetric import rsa
 
 from model_agent.kube.resources import EVENTS
 from model_agent.model.keys import configmap_key, node_label_key
+from testbed.agent_process import AgentProcess
+from testbed.models import tiny_llama
 from testbed.servers.moto import MotoServer, create_bucket, upload_objects
-from tests.support.agent import AgentProcess
 from tests.support.kube import Kube, bm, cbm
-from tests.support.models import tiny_llama
 from tests.support.waiting import eventually
 
 pytestmark = pytest.mark.e2e

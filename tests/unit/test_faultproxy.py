@@ -18,14 +18,14 @@ import pytest
 from aiohttp import web
 
 from model_agent.kube.client import ApiError, ApiUnavailable, KubeClient
-from tests.support.faultproxy import (
+from testbed.ports import free_port
+from testbed.proxies.faultproxy import (
     FaultProxy,
     Rule,
     by_name,
     classify,
     cut_watch_after,
     drop,
-    free_port,
     object_not_found,
     respond,
     stall,

@@ -993,11 +993,3 @@ class FaultProxy(ManagedService):
                 _abort(request)
             else:
                 await _send_eof(watch.response)
-
-
-def free_port() -> int:
-    """A loopback port that was free a moment ago (for an upstream that is not running)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port

@@ -1,4 +1,8 @@
-"""Small real models for tests: a llama-shaped config.json and a safetensors file made with safetensors."""
+"""Small real models for the tests, the benchmarks and the demo.
+
+A llama-shaped ``config.json``, a real safetensors file (made with ``safetensors``, seeded, so each seed gives
+other bytes) and a ``tokenizer_config.json``: enough for the agent to parse real metadata from.
+"""
 
 from __future__ import annotations
 

@@ -1,0 +1,1 @@
+"""Proxies the tests put between the agent and what it talks to: counting bytes, injecting faults."""
