@@ -32,6 +32,8 @@ if TYPE_CHECKING:
 
 @dataclass
 class Progress:
+    """What a fetch has done so far, as the ConfigMap entry's ``progress`` and ``/status`` show it."""
+
     phase: str = "scanning"
     total_bytes: int = 0
     completed_bytes: int = 0
@@ -44,6 +46,8 @@ ProgressFn = Callable[[Progress], None]
 
 @dataclass
 class FetchRequest:
+    """What a source needs for one fetch: where from, where to stage, what the last fetch left, for whom."""
+
     storage_uri: str
     dest: Path
     staging: Path
@@ -65,6 +69,8 @@ class FetchRequest:
 
 @dataclass
 class FetchResult:
+    """What a source fetched: the revision it resolved and every file of the model, staged or reused."""
+
     revision: str
     files: list[FileRecord]
     # Files already present in ``dest`` (reused from the previous manifest) are listed in ``files`` too.
@@ -72,7 +78,11 @@ class FetchResult:
 
 
 class Source(Protocol):
-    async def fetch(self, request: FetchRequest) -> FetchResult: ...
+    """One store's control plane (see the module contract): turn a request into verified files in staging."""
+
+    async def fetch(self, request: FetchRequest) -> FetchResult:
+        """Fetch ``request`` into its staging directory; raise ``SourceError`` with a reason on failure."""
+        ...
 
 
 class ResolveRecords(Protocol):
@@ -87,7 +97,9 @@ class ResolveRecords(Protocol):
         uri: str,
         revision: str,
         compute: Callable[[], Awaitable[tuple[str, list[dict[str, Any]]]]],
-    ) -> tuple[str, list[dict[str, Any]]]: ...
+    ) -> tuple[str, list[dict[str, Any]]]:
+        """The recorded ``(commit, files)`` of ``uri`` at ``revision``, else ``compute()``'s, then recorded."""
+        ...
 
 
 def publish(request: FetchRequest, result: FetchResult) -> list[FileRecord]:

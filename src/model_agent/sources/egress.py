@@ -88,6 +88,7 @@ class Owner:
     namespace: str = ""
 
     def describe(self) -> str:
+        """How a refusal names the owner: ``BaseModel in namespace x``, or the kind of a cluster model."""
         return f"BaseModel in namespace {self.namespace}" if self.kind == NAMESPACED_KIND else self.kind
 
 
@@ -124,6 +125,7 @@ class TenancyPolicy:
 
     @property
     def patterns(self) -> tuple[re.Pattern[str], ...]:
+        """The compiled ``endpoint_allow`` patterns a tenant's endpoint must match."""
         return self._patterns
 
 
@@ -151,6 +153,8 @@ def is_trusted(owner: Owner | None, policy: TenancyPolicy) -> bool:
 
 
 class CredentialUse(enum.Enum):
+    """What one fetch may sign with; only trusted owners get ``AMBIENT``."""
+
     SECRET = "secret"  # the Secret of spec.storage.key (own namespace for a BaseModel)
     AMBIENT = "ambient"  # the node's identity / the platform token
     ANONYMOUS = "anonymous"
@@ -228,6 +232,7 @@ def configure(policy: TenancyPolicy) -> None:
 
 
 def current() -> TenancyPolicy:
+    """The process-wide policy :func:`configure` set (before it: no namespace trusted, the default endpoints)."""
     return _POLICY
 
 
