@@ -24,6 +24,10 @@ lint: $(STAMP)
 	$(BIN)/ruff check src testbed tests bench
 	$(BIN)/ruff format --check src testbed tests bench
 	$(BIN)/mypy
+# The package layers and "the product never imports the test bed" ([tool.importlinter] in pyproject.toml).
+	$(BIN)/lint-imports
+# Docstring coverage of public definitions, at least 80 % ([tool.interrogate] in pyproject.toml).
+	$(BIN)/interrogate src/model_agent testbed
 
 unit: $(STAMP)
 	$(BIN)/pytest tests/unit -q
