@@ -33,6 +33,7 @@ from model_agent.agent.converge import Act, Facts, FailureFact, JobFact, LocalDi
 from model_agent.agent.crash_record import QUARANTINED, CrashRecords, Step
 from model_agent.agent.credentials import model_owner, read_storage_secret, resolve_hf_token
 from model_agent.agent.download_limits import DownloadLimits, run_within_limits
+from model_agent.agent.failed_quota import DEFAULT_FAILED_PER_NAMESPACE, OVER_QUOTA, FailedQuota
 from model_agent.agent.fetcher import Fetcher, Job
 from model_agent.agent.node_configmap import NodeConfigMap
 from model_agent.agent.node_labels import NodeLabels
@@ -139,6 +140,8 @@ class Context:
     instance_type_map: Mapping[str, str] = field(default_factory=lambda: DEFAULT_INSTANCE_TYPE_MAP)
     # --download-timeout / --download-min-rate: a whole fetch's deadlines (agent/download_limits.py).
     download_limits: DownloadLimits = field(default_factory=DownloadLimits)
+    # --max-failed-per-namespace: Failed entries and labels one namespace may show here (agent/failed_quota.py).
+    max_failed_per_namespace: int = DEFAULT_FAILED_PER_NAMESPACE
 
 
 def _store_key(ref: ModelRef) -> str:
@@ -423,6 +426,16 @@ class Reconciler:
                 "UnsupportedStorage",
                 f"{target.storage_type.value} sources are not supported by this agent version",
             )
+            return
+        if target.root.read_only():  # OME #787: a read-only root serves local:// models; nothing lands in it
+            await self._fail(
+                ref,
+                raw,
+                "PathRefused",
+                f"{target.dest} is under the read-only models root {target.root.path}: nothing can be fetched "
+                "into it (a read-only root serves local:// models; give this model a path on a writable root)",
+            )
+            ctx.requeue_after(ref.key, 30.0)
             return
         job = ctx.fetcher.job(ref.key)
         if act == Act.WAIT and job is not None and job.target == target.id:
@@ -773,6 +786,21 @@ class Reconciler:
 
     async def _fail(self, ref: ModelRef, raw: dict[str, Any], reason: str, message: str) -> None:
         ctx = self.ctx
+        quota: FailedQuota | None = self.__dict__.get("_failed_quota")
+        if quota is None:  # made on first use; its counter lives in the agent's registry
+            quota = FailedQuota(ctx.max_failed_per_namespace, ctx.metrics.registry)
+            self.__dict__["_failed_quota"] = quota
+        room = quota.decide(ref, ctx.labels.labels().get(ref.label_key), ctx.configmap.data())
+        if not room.admitted:  # the namespace's failing models fill their share of this node: no label, no entry
+            await asyncio.gather(ctx.labels.ensure(ref.label_key, None), ctx.configmap.ensure(ref.configmap_key, None))
+            if room.newly_refused:
+                note = (
+                    f"{message} (not shown on node {ctx.node_name}: {OVER_QUOTA}, namespace {ref.namespace} already "
+                    f"shows {quota.limit} failed models here, --max-failed-per-namespace)"
+                )
+                ctx.events.emit(ObjectRef.of(raw), WARNING, reason, note)
+                log.warning("model failed", key=ref.key, reason=reason, message=message, shown=False, rule=OVER_QUOTA)
+            return
         already = ctx.labels.labels().get(ref.label_key) == ModelState.FAILED.value
         current = ModelEntry.from_json(ctx.configmap.data().get(ref.configmap_key, "") or "")
         entry = ModelEntry(name=ref.name, status=ModelState.FAILED.value, config=current.config if current else None)

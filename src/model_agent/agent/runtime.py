@@ -213,6 +213,7 @@ class Agent:
                 instance_type_map=parse_instance_type_map(os.environ.get(INSTANCE_TYPE_MAP_ENV)),
                 origin_slots=self.origin.hold,
                 download_limits=settings.download_limits(),
+                max_failed_per_namespace=settings.max_failed_per_namespace,
             )
         )
         self._label_index: dict[str, str] = {}

@@ -63,6 +63,7 @@ class Settings(BaseSettings):
     tenant_endpoint_allow: TextList = Field(default_factory=list)  # added to each store's public endpoints
     cluster_cidrs: TextList = Field(default_factory=list)  # pod/service/node ranges refused to tenant models
     tenant_address_allow: TextList = Field(default_factory=list)  # exceptions to the address rules
+    max_failed_per_namespace: int = 50  # Failed entries + labels one namespace may show per node (0: no cap)
 
     # API load
     api_qps: float = 5.0
@@ -114,7 +115,7 @@ class Settings(BaseSettings):
             raise ValueError("must be at least one byte")
         return value
 
-    @field_validator("multipart_concurrency")
+    @field_validator("multipart_concurrency", "max_failed_per_namespace")
     @classmethod
     def _not_negative(cls, value: int) -> int:
         if value < 0:

@@ -105,6 +105,9 @@ def run(
     tenant_address_allow: Annotated[
         list[str] | None, Opt(help="Range exempt from the tenant address rules, never metadata (repeatable).")
     ] = None,
+    max_failed_per_namespace: Annotated[
+        int | None, Opt(help="Failed models of one namespace shown (entry + label) on this node (50; 0: no cap).")
+    ] = None,
 ) -> None:
     """Run the node agent: watch models, fetch weights, label the Node, keep the ConfigMap."""
     given: dict[str, Any] = {
@@ -144,6 +147,7 @@ def run(
         "tenant_endpoint_allow": tenant_endpoint_allow,
         "cluster_cidrs": cluster_cidr,
         "tenant_address_allow": tenant_address_allow,
+        "max_failed_per_namespace": max_failed_per_namespace,
     }
     kwargs = {k: v for k, v in given.items() if v is not None}
     if not os.environ.get("NODE_NAME") and node_name:

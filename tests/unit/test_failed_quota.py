@@ -1,0 +1,64 @@
+"""The cap on one namespace's Failed entries and labels per node (agent/failed_quota.py)."""
+
+from __future__ import annotations
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from model_agent.agent.failed_quota import FailedQuota, admit
+from model_agent.model.entry import ModelEntry
+from model_agent.model.keys import ModelKind
+from model_agent.model.resources import ModelRef
+
+
+@pytest.mark.parametrize(
+    ("namespace", "shown", "holders", "limit", "admitted"),
+    [
+        ("", False, 10_000, 50, True),  # ClusterBaseModels are the admin's: never capped
+        ("team-evil", False, 0, 50, True),
+        ("team-evil", False, 49, 50, True),  # the 50th
+        ("team-evil", False, 50, 50, False),  # the 51st
+        ("team-evil", True, 50, 50, True),  # already shows Failed here: keeps its place
+        ("team-evil", True, 500, 50, True),  # (the cap was lowered since)
+        ("team-evil", False, 10_000, 0, True),  # 0: no cap
+    ],
+)
+def test_admit(namespace: str, shown: bool, holders: int, limit: int, admitted: bool) -> None:
+    assert admit(namespace, shown, holders, limit) is admitted
+
+
+def failed(name: str) -> str:
+    return ModelEntry(name=name, status="Failed").to_json()
+
+
+def ref(namespace: str, name: str) -> ModelRef:
+    return ModelRef(ModelKind.BASE_MODEL, namespace, name)
+
+
+def test_the_books_follow_what_the_node_shows() -> None:
+    registry = CollectorRegistry()
+    quota = FailedQuota(2, registry)
+    data: dict[str, str] = {}
+    # Another namespace's failures and a Ready model of the same namespace take no place.
+    data[ref("team-good", "x").configmap_key] = failed("x")
+    data[ref("team-evil", "ready").configmap_key] = ModelEntry(name="ready", status="Ready").to_json()
+    for name in ("a", "b"):
+        assert quota.decide(ref("team-evil", name), None, data).admitted
+        data[ref("team-evil", name).configmap_key] = failed(name)
+    third = quota.decide(ref("team-evil", "c"), None, data)
+    assert (third.admitted, third.newly_refused) == (False, True)
+    again = quota.decide(ref("team-evil", "c"), None, data)
+    assert (again.admitted, again.newly_refused) == (False, False)  # reported once, not on every reconcile
+    assert registry.get_sample_value("model_agent_failed_entries_refused_total", {"namespace": "team-evil"}) == 1
+    assert quota.decide(ref("team-good", "y"), None, data).admitted  # namespaces are counted apart
+    assert quota.decide(ref("team-evil", "a"), "Failed", data).admitted  # a holder stays
+    # One holder is fixed (its entry says Ready now): the refused model gets its place at its next decision.
+    data[ref("team-evil", "b").configmap_key] = ModelEntry(name="b", status="Ready").to_json()
+    assert quota.decide(ref("team-evil", "c"), None, data).admitted
+
+
+def test_a_restart_starts_from_the_configmap() -> None:
+    data = {ref("team-evil", n).configmap_key: failed(n) for n in ("a", "b")}
+    quota = FailedQuota(2, CollectorRegistry())  # a new process: the books are read from the node's ConfigMap
+    assert not quota.decide(ref("team-evil", "new"), None, data).admitted
+    assert quota.decide(ref("team-evil", "a"), None, data).admitted
