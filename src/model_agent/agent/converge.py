@@ -37,6 +37,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 
+from model_agent.model.reasons import Reason
+
 
 class ManifestFact(StrEnum):
     """What the manifest on disk says about the wanted target."""
@@ -129,14 +131,14 @@ def decide(facts: Facts) -> Decision:
         return Decision(Act.READY, cancel_job=obsolete, clean_staging=idle)
     if facts.kind == TargetKind.LOCAL and facts.local == LocalDir.MISSING:
         return Decision(
-            Act.FAIL_LOCAL, "LocalPathNotFound", cancel_job=obsolete, clean_staging=idle, superseded=superseded
+            Act.FAIL_LOCAL, Reason.LOCAL_PATH_NOT_FOUND, cancel_job=obsolete, clean_staging=idle, superseded=superseded
         )
     if (
         facts.kind == TargetKind.LOCAL
         and facts.local == LocalDir.FILES_MISSING
         and facts.manifest == ManifestFact.DAMAGED
     ):
-        return Decision(Act.FAIL_LOCAL, "LocalFilesChanged", cancel_job=obsolete, clean_staging=idle)
+        return Decision(Act.FAIL_LOCAL, Reason.LOCAL_FILES_CHANGED, cancel_job=obsolete, clean_staging=idle)
     if facts.kind in (TargetKind.LOCAL, TargetKind.VENDOR):
         return Decision(
             Act.ADOPT,

@@ -29,6 +29,7 @@ from typing import Any
 from model_agent.kube.client import ApiError, KubeClient
 from model_agent.kube.resources import SECRETS
 from model_agent.model.keys import ModelKind
+from model_agent.model.reasons import Reason
 from model_agent.model.resources import ModelObject
 from model_agent.ops.logging import is_credential_name, register_secret
 from model_agent.sources.base import SourceError
@@ -62,16 +63,17 @@ async def _named_secret(client: KubeClient, obj: ModelObject, agent_namespace: s
     if len(storage.key) > 253 or not _SECRET_NAME.fullmatch(storage.key):
         # Never put such a value in an API path ("." or ".." would address the list or the namespace).
         raise SourceError(
-            "SecretInvalid", f"spec.storage.key {storage.key[:300]!r} is not a valid Secret name", retryable=False
+            Reason.SECRET_INVALID, f"spec.storage.key {storage.key[:300]!r} is not a valid Secret name", retryable=False
         )
     where = f"{namespace}/{storage.key}"
     try:
         return where, await client.request("GET", SECRETS.path(namespace, storage.key))
     except ApiError as exc:
         if exc.status == 404:
-            raise SourceError("SecretNotFound", f"Secret {where} named by spec.storage.key does not exist") from None
+            message = f"Secret {where} named by spec.storage.key does not exist"
+            raise SourceError(Reason.SECRET_NOT_FOUND, message) from None
         if exc.status in (401, 403):
-            raise SourceError("SecretForbidden", f"the agent may not read Secret {where} (RBAC)") from None
+            raise SourceError(Reason.SECRET_FORBIDDEN, f"the agent may not read Secret {where} (RBAC)") from None
         raise
 
 
@@ -93,12 +95,12 @@ async def resolve_hf_token(client: KubeClient, obj: ModelObject, agent_namespace
         data_key = storage.parameters.get("secretKey") or DEFAULT_SECRET_DATA_KEY
         raw = (secret.get("data") or {}).get(data_key)
         if not isinstance(raw, str):
-            raise SourceError("SecretNotFound", f"Secret {where} has no data key {data_key!r}")
+            raise SourceError(Reason.SECRET_NOT_FOUND, f"Secret {where} has no data key {data_key!r}")
         token = _decode(raw)
         if token is None:
-            raise SourceError("SecretInvalid", f"Secret {where} key {data_key!r} is not text")
+            raise SourceError(Reason.SECRET_INVALID, f"Secret {where} key {data_key!r} is not text")
         if not token:
-            raise SourceError("SecretInvalid", f"Secret {where} key {data_key!r} is empty")
+            raise SourceError(Reason.SECRET_INVALID, f"Secret {where} key {data_key!r} is empty")
         register_secret(token)
         register_secret(raw)  # the Secret's own base64 text, should an object or a response ever be logged
         return ResolvedToken(token, "secret")

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import TypeVar
 
+from model_agent.model.reasons import Reason
 from model_agent.sources.base import Progress, SourceError
 
 T = TypeVar("T")
@@ -56,8 +57,8 @@ class Verdict(StrEnum):
     """:func:`judge`'s answer; the failing values are the ``Reason`` words the fetch fails with."""
 
     OK = "ok"
-    TIMED_OUT = "DownloadTimeout"
-    TOO_SLOW = "DownloadTooSlow"
+    TIMED_OUT = Reason.DOWNLOAD_TIMEOUT.value
+    TOO_SLOW = Reason.DOWNLOAD_TOO_SLOW.value
 
 
 @dataclass(frozen=True)

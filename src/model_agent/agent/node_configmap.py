@@ -40,6 +40,7 @@ from model_agent.kube.client import ApiError, KubeClient
 from model_agent.kube.resources import CONFIGMAPS
 from model_agent.model.entry import cap_entry_json, without_config
 from model_agent.model.keys import configmap_annotations, configmap_labels, parse_configmap_key
+from model_agent.model.reasons import EventReason
 from model_agent.ops.events import NORMAL, WARNING, EventRecorder, ObjectRef
 from model_agent.ops.metrics import Metrics
 
@@ -260,10 +261,10 @@ class NodeConfigMap:
                     f"{where} is full ({self.used_bytes} of {self.budget_bytes} bytes): {len(self.refused)} model "
                     "entries cannot be written, and those models are not labelled Ready here until they are"
                 )
-                self._events.emit(ObjectRef.of(node), WARNING, "ConfigMapFull", message)
+                self._events.emit(ObjectRef.of(node), WARNING, EventReason.CONFIGMAP_FULL, message)
             else:
                 self._events.emit(
-                    ObjectRef.of(node), NORMAL, "ConfigMapRoom", f"{where} has room for every entry again"
+                    ObjectRef.of(node), NORMAL, EventReason.CONFIGMAP_ROOM, f"{where} has room for every entry again"
                 )
 
     async def _write(self, batch: dict[str, str | None]) -> None:

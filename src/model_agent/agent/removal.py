@@ -54,6 +54,7 @@ from model_agent.local.layout import Layout, PathRefused, token_for
 from model_agent.local.manifest import Manifest, ManifestStore
 from model_agent.local.trash import Trash
 from model_agent.model.keys import RESERVE_MODEL_ARTIFACT_LABEL, ModelKind
+from model_agent.model.reasons import EventReason
 from model_agent.model.resources import InvalidModel, ModelObject, ModelRef
 from model_agent.model.selection import node_selected
 from model_agent.ops.events import NORMAL, WARNING, EventRecorder, ObjectRef
@@ -159,7 +160,7 @@ class Remover:
             ctx.events.emit(
                 self._ref_for_event(ref, candidate, confirmation),
                 WARNING,
-                "RemovalHeld",
+                EventReason.REMOVAL_HELD,
                 f"removal from node {ctx.node_name} held by the delete breaker ({candidate.why})",
             )
             raise Requeue("delete breaker open", decision.delay_s)
@@ -195,7 +196,7 @@ class Remover:
                 if live is not None
                 else ObjectRef(ref.kind.value, _API, ref.name, ref.namespace, manifest.uid),
                 WARNING,
-                "RemovalHeld",
+                EventReason.REMOVAL_HELD,
                 f"retiring the old copy ({manifest.storage_uri}) on node {ctx.node_name} held by the delete breaker",
             )
             raise Requeue("delete breaker open; the old copy stays", decision.delay_s)
@@ -379,7 +380,7 @@ class Remover:
                     ctx.events.emit(
                         self._ref_for_event(ref, candidate, confirmation),
                         WARNING,
-                        "RemovalFailed",
+                        EventReason.REMOVAL_FAILED,
                         f"label and entry removed from node {ctx.node_name}, weights not moved yet: {exc.why}",
                     )
                     raise
@@ -390,7 +391,7 @@ class Remover:
         ctx.events.emit(
             self._ref_for_event(ref, candidate, confirmation),
             NORMAL,
-            "Removed",
+            EventReason.REMOVED,
             f"removed from node {ctx.node_name} after {confirmation.outcome.value} ({candidate.why}){kept}",
         )
         log.info("model removed", key=ref.key, outcome=confirmation.outcome.value, why=candidate.why)

@@ -32,6 +32,7 @@ from pathlib import Path
 from types import TracebackType
 
 from model_agent.model.errors import SourceError
+from model_agent.model.reasons import Reason
 
 DEFAULT_RESERVE_FRACTION = 0.10
 
@@ -201,7 +202,7 @@ class CapacityRegistry:
             others = sum(r.remaining for r in self._active if r.device == usage.device)
             if nbytes > 0 and usage.free - others - nbytes < margin:
                 raise SourceError(
-                    "InsufficientDisk",
+                    Reason.INSUFFICIENT_DISK,
                     f"{owner}: needs {_human(nbytes)} on the filesystem of {path}, which has {_human(usage.free)}"
                     f" free, {_human(others)} of it promised to other downloads, and keeps a reserve of"
                     f" {_human(margin)} ({self.reserve_policy})",

@@ -42,6 +42,7 @@ class Reason(StrEnum):
     UNSUPPORTED_STORAGE = "UnsupportedStorage"
     LOCAL_PATH_NOT_FOUND = "LocalPathNotFound"
     LOCAL_FILES_CHANGED = "LocalFilesChanged"
+    QUARANTINED_AFTER_CRASH = "QuarantinedAfterCrash"  # the agent died during this spec's risky step 3 times
 
     # Credentials and tenancy.
     SECRET_NOT_FOUND = "SecretNotFound"

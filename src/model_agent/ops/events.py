@@ -111,6 +111,7 @@ class EventRecorder:
 
         Never raises and never waits: callers emit from the reconcile path and the event loop.
         """
+        reason = str(reason)  # a Reason member is sent and logged as its wire word only
         log.info(
             "event",
             object=f"{ref.kind}/{ref.namespace}/{ref.name}",

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from model_agent.local.manifest import FileRecord, Manifest
 from model_agent.model.errors import SourceError as SourceError  # re-exported: its home is model/
+from model_agent.model.reasons import Reason
 
 if TYPE_CHECKING:
     from model_agent.sources.egress import Owner
@@ -162,7 +163,7 @@ _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
 def _unsafe(message: str) -> SourceError:
-    return SourceError("UnsafePath", message, retryable=False)
+    return SourceError(Reason.UNSAFE_PATH, message, retryable=False)
 
 
 def _check_destination(request: FetchRequest) -> None:

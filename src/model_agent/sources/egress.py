@@ -44,6 +44,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from model_agent.model.reasons import Reason
 from model_agent.sources.base import SourceError
 
 CLUSTER_KIND = "ClusterBaseModel"
@@ -255,7 +256,7 @@ class Guard:
         """Refuse an endpoint off the allow-list (pure: no lookup)."""
         why = endpoint_refusal(url, self.policy)
         if why is not None:
-            raise refused("EndpointRefused", f"{what} refused for a {self.owner.describe()}: {why}")
+            raise refused(Reason.ENDPOINT_REFUSED, f"{what} refused for a {self.owner.describe()}: {why}")
 
     def check_endpoint(self, url: str, what: str = "parameters.endpoint") -> None:
         """Refuse an endpoint off the allow-list, then resolve its host and refuse a forbidden address (blocks)."""
@@ -268,13 +269,12 @@ class Guard:
         try:
             infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
         except socket.gaierror as exc:
-            raise SourceError("SourceUnreachable", f"{host}: cannot resolve ({exc.strerror})") from None
+            raise SourceError(Reason.SOURCE_UNREACHABLE, f"{host}: cannot resolve ({exc.strerror})") from None
         for info in infos:
             why = address_refusal(str(info[4][0]).split("%", 1)[0], self.policy)
             if why is not None:
-                raise refused(
-                    "EndpointRefused", f"{host} refused for a {self.owner.describe()}: {why} (tenant address rule)"
-                )
+                message = f"{host} refused for a {self.owner.describe()}: {why} (tenant address rule)"
+                raise refused(Reason.ENDPOINT_REFUSED, message)
         return infos
 
     def create_connection(

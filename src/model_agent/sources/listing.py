@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from typing import Final
 
+from model_agent.model.reasons import Reason
 from model_agent.sources.base import SourceError
 
 MAX_LISTED_OBJECTS: Final = 100_000
@@ -72,7 +73,7 @@ class ListingBudget:
 
     def _refuse(self, what: str) -> None:
         raise SourceError(
-            "ListingTooLarge",
+            Reason.LISTING_TOO_LARGE,
             f"{self.label}: the listing has {what}; point the model at a prefix that holds one model",
             retryable=False,
         )
