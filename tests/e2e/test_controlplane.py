@@ -46,7 +46,9 @@ async def test_crd_server_side_apply_ends_the_watch_and_relist_succeeds(kube: Ku
             assert exc.status == 429, exc  # a fresh CRD's storage answers 429 until its cache is ready
             return None
 
-    rv = (await eventually(listing, timeout=60, what="a first LIST"))["metadata"]["resourceVersion"]
+    first = await eventually(listing, timeout=60, what="a first LIST")
+    assert first is not None  # eventually returns only a truthy value
+    rv = first["metadata"]["resourceVersion"]
     events: list[str] = []
     established = asyncio.Event()
 
@@ -88,7 +90,7 @@ async def test_crd_server_side_apply_ends_the_watch_and_relist_succeeds(kube: Ku
             return {i["metadata"]["name"]: i["metadata"]["uid"] for i in items}
 
         found = await eventually(relist, timeout=120, what="a successful relist after the CRD apply")
-        assert found[name] == uid
+        assert found is not None and found[name] == uid
     finally:
         watcher.cancel()
         await cp.apply_crd(kube.c, original)

@@ -53,7 +53,7 @@ async def ready_model(
 
     async def ready() -> bool:
         s = await snapshot(kube, agent, name, dest)
-        return s[0] == "Ready" and s[1] == "Ready"
+        return bool(s[0] == "Ready" and s[1] == "Ready")
 
     await eventually(ready, timeout=30, what=f"{name} Ready")
     return dest, files, repo
@@ -197,7 +197,7 @@ async def test_real_delete_quarantines_and_recreate_restores_without_download(
 
     async def ready_again() -> bool:
         s = await snapshot(kube, agent, name, dest)
-        return s[0] == "Ready" and s[1] == "Ready"
+        return bool(s[0] == "Ready" and s[1] == "Ready")
 
     await eventually(ready_again, timeout=30, what="restored from the trash")
     assert olah.request_count(path_contains=repo) == requests

@@ -98,7 +98,7 @@ async def test_label_and_configmap_drift_is_repaired(
         if not cm:
             return False
         meta = cm["metadata"]
-        return (
+        return bool(
             meta.get("labels", {}).get("models.ome/basemodel-status") == "true"
             and meta.get("annotations", {}).get("models.ome.io/node-name") == agent.node
             and json.loads(cm["data"][key])["status"] == "Ready"
