@@ -1,4 +1,4 @@
-"""The Kubernetes client adapter: the only module that imports kubernetes_asyncio.
+"""The Kubernetes client adapter: the only module that may import kubernetes_asyncio.
 
 Role: turn a kubeconfig (or the in-cluster service account) into an authenticated HTTP session, and
 offer three primitives on it that the rest of the agent is built from:
@@ -10,9 +10,14 @@ offer three primitives on it that the rest of the agent is built from:
   body (so callers can tell the object's own NotFound from a missing resource type), or an
   :class:`ApiUnavailable` for transport failures and deadlines.
 
-Contract: no request is ever sent without a deadline; the library is used for configuration loading,
-TLS and the connection pool only, so it can be swapped by changing this file alone. Everything above this
-layer works on plain ``dict`` objects and the small views in ``model/``.
+Contract: no request is ever sent without a deadline. Credentials come from
+:mod:`model_agent.kube.kubeconfig` (in-cluster service account, certificates, tokens); only a kubeconfig that
+needs the Kubernetes client library (``exec`` or ``auth-provider`` plugins, basic auth, ``tls-server-name``,
+``proxy-url``, a merged ``$KUBECONFIG``) imports ``kubernetes_asyncio``, lazily, for configuration loading and
+its connection pool — that import alone is about 35 MiB of RSS, which an agent in a pod never pays. Either way
+requests go through one aiohttp session (up to 100 connections, proxies from the environment, a 2 MiB read
+buffer for large watch events). Everything above this layer works on plain ``dict`` objects and the small
+views in ``model/``.
 """
 
 from __future__ import annotations
@@ -26,13 +31,17 @@ from typing import Any
 from urllib.parse import quote
 
 import aiohttp
-from kubernetes_asyncio import config as _k8s_config
-from kubernetes_asyncio.client import ApiClient as _ApiClient
-from kubernetes_asyncio.client import Configuration as _Configuration
+
+from model_agent.kube import kubeconfig as _kubeconfig
 
 JSON = dict[str, Any]
 
 DEFAULT_TIMEOUT_S = 10.0
+
+# The session the library would build: its connection limit, and a read buffer large enough for a watch event
+# carrying a big object (etcd accepts requests up to 1.5 MiB).
+POOL_CONNECTIONS = 100
+READ_BUFFER_BYTES = 2**21
 
 # Called after every request with (verb, resource, status code or 0, seconds); metrics hook in here.
 RequestObserver = Callable[[str, str, int, float], None]
@@ -54,6 +63,7 @@ class ApiError(Exception):
 
     @property
     def retry_after_s(self) -> float | None:
+        """The server's ``retryAfterSeconds`` hint (429, 503), to wait at least that long; None when it gave none."""
         value = self.details.get("retryAfterSeconds")
         return float(value) if isinstance(value, (int, float)) else None
 
@@ -75,6 +85,8 @@ class ApiUnavailable(Exception):
 
 @dataclass(frozen=True)
 class Response:
+    """A decoded answer whose status the caller needs too (a 201 Created against a 200 OK, say)."""
+
     status: int
     body: JSON
 
@@ -94,10 +106,17 @@ def _resource_of(path: str) -> str:
 class KubeClient:
     """An authenticated session to one API server. Create with :meth:`connect`; close with :meth:`close`."""
 
-    def __init__(self, api: _ApiClient, configuration: _Configuration) -> None:
-        self._api = api
-        self._cfg = configuration
-        self.host: str = str(configuration.host or "").rstrip("/")
+    def __init__(
+        self,
+        session: aiohttp.ClientSession,
+        host: str,
+        authorization: Callable[[], Awaitable[str | None]],
+        close: Callable[[], Awaitable[None]] | None = None,
+    ) -> None:
+        self._session = session
+        self._authorization = authorization
+        self._close = close or session.close
+        self.host: str = host.rstrip("/")
         self.observers: list[RequestObserver] = []
         # Optional async gate taken before every request (the client-side rate limiter hooks in here).
         self.before_request: Callable[[], Awaitable[None]] | None = None
@@ -105,18 +124,60 @@ class KubeClient:
     @classmethod
     async def connect(cls, kubeconfig: str | Path | None = None, *, context: str | None = None) -> KubeClient:
         """Load credentials: an explicit kubeconfig, else in-cluster, else ``$KUBECONFIG`` / ``~/.kube/config``."""
-        cfg = _Configuration()
+        creds: _kubeconfig.Credentials | _kubeconfig.NeedsLibrary | None
         if kubeconfig is not None:
-            await _k8s_config.load_kube_config(config_file=str(kubeconfig), context=context, client_configuration=cfg)
+            creds = _kubeconfig.load(Path(kubeconfig), context)
+        else:
+            creds = _kubeconfig.in_cluster()
+            if creds is None:
+                default = _kubeconfig.default_kubeconfig()
+                creds = (
+                    _kubeconfig.load(default, context)
+                    if default is not None
+                    else _kubeconfig.NeedsLibrary("$KUBECONFIG lists several files")
+                )
+        if isinstance(creds, _kubeconfig.NeedsLibrary):
+            return await cls._connect_with_library(kubeconfig, context)
+        tls = _kubeconfig.ssl_context(creds) if creds.host.startswith("https") else None
+        session = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=POOL_CONNECTIONS, ssl=tls if tls is not None else True),
+            trust_env=True,
+            read_bufsize=READ_BUFFER_BYTES,
+        )
+        tokens = _kubeconfig.TokenSource(creds)
+
+        async def authorization() -> str | None:
+            return tokens.header()
+
+        return cls(session, creds.host, authorization)
+
+    @classmethod
+    async def _connect_with_library(cls, kubeconfig: str | Path | None, context: str | None) -> KubeClient:
+        """The Kubernetes client library's loader, for the kubeconfig features kube/kubeconfig.py leaves to it."""
+        from kubernetes_asyncio import config as k8s_config
+        from kubernetes_asyncio.client import ApiClient, Configuration
+
+        cfg = Configuration()
+        if kubeconfig is not None:
+            await k8s_config.load_kube_config(config_file=str(kubeconfig), context=context, client_configuration=cfg)
         else:
             try:
-                _k8s_config.load_incluster_config(client_configuration=cfg)  # type: ignore[no-untyped-call]
-            except _k8s_config.ConfigException:
-                await _k8s_config.load_kube_config(context=context, client_configuration=cfg)
-        return cls(_ApiClient(configuration=cfg), cfg)
+                k8s_config.load_incluster_config(client_configuration=cfg)  # type: ignore[no-untyped-call]
+            except k8s_config.ConfigException:
+                await k8s_config.load_kube_config(context=context, client_configuration=cfg)
+        api = ApiClient(configuration=cfg)
+        session: aiohttp.ClientSession = api.rest_client.pool_manager
+
+        async def authorization() -> str | None:
+            # kubernetes_asyncio keeps the bearer token (and refreshes exec/in-cluster ones) under "BearerToken".
+            token: str | None = await cfg.get_api_key_with_prefix("BearerToken", alias="authorization")
+            return token
+
+        return cls(session, str(cfg.host or ""), authorization, close=api.close)
 
     async def close(self) -> None:
-        await self._api.close()
+        """Close the connection pool; the client cannot be used afterwards."""
+        await self._close()
 
     async def __aenter__(self) -> KubeClient:
         return self
@@ -124,17 +185,11 @@ class KubeClient:
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
-    @property
-    def _session(self) -> aiohttp.ClientSession:
-        session: aiohttp.ClientSession = self._api.rest_client.pool_manager
-        return session
-
     async def _headers(self, content_type: str | None) -> dict[str, str]:
         headers = {"Accept": "application/json", "User-Agent": "model-agent"}
         if content_type:
             headers["Content-Type"] = content_type
-        # kubernetes_asyncio keeps the bearer token (in-cluster or kubeconfig) under "BearerToken".
-        token = await self._cfg.get_api_key_with_prefix("BearerToken", alias="authorization")
+        token = await self._authorization()
         if token:
             headers["Authorization"] = token
         return headers
