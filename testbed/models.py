@@ -17,6 +17,11 @@ VOCAB = 128
 
 
 def tiny_llama(seed: int = 0, *, max_positions: int = 4096, padding_bytes: int = 0) -> dict[str, bytes]:
+    """The files of a tiny llama-shaped model (``config.json``, ``model.safetensors``, ``tokenizer_config.json``).
+
+    The same ``seed`` gives the same bytes (a model can be served twice and compared); ``padding_bytes`` adds a
+    tensor to make the weights as large as a download test needs.
+    """
     rng = np.random.default_rng(seed)
     tensors = {
         "model.embed_tokens.weight": rng.standard_normal((VOCAB, HIDDEN), dtype=np.float32),
@@ -44,4 +49,5 @@ def tiny_llama(seed: int = 0, *, max_positions: int = 4096, padding_bytes: int =
 
 
 def parameter_count() -> int:
+    """The parameter count the agent must report for a :func:`tiny_llama` without padding: the tests' expected value."""
     return VOCAB * HIDDEN * 2 + 2 * (HIDDEN * 2 * HIDDEN)

@@ -100,23 +100,28 @@ class CountingProxy:
 
     @property
     def endpoint(self) -> str:
+        """The URL clients use instead of the origin's."""
         return f"http://127.0.0.1:{self.port}"
 
     # -- stats
     def records(self) -> list[ServedRequest]:
+        """A copy of every request recorded so far, safe to read while the proxy serves."""
         with self._lock:
             return [dataclasses.replace(r) for r in self._records]
 
     def reset(self) -> None:
+        """Forget the records, to measure the next phase of a test from zero."""
         with self._lock:
             self._records.clear()
 
     def bytes_sent(self, path_contains: str = "") -> int:
+        """Body bytes sent to clients for requests whose path contains ``path_contains`` (all when empty)."""
         with self._lock:
             return sum(r.bytes_sent for r in self._records if path_contains in r.path)
 
     # -- lifecycle
     def start(self) -> int:
+        """Start serving in the proxy's own thread and return its port."""
         ready: concurrent.futures.Future[int] = concurrent.futures.Future()
         self._thread = threading.Thread(target=self._run, args=(ready,), name="counting-proxy", daemon=True)
         self._thread.start()
@@ -124,6 +129,7 @@ class CountingProxy:
         return self.port
 
     def stop(self) -> None:
+        """Stop serving and join the thread; idempotent."""
         loop, thread = self._loop, self._thread
         if loop is not None and thread is not None and thread.is_alive():
             loop.call_soon_threadsafe(loop.stop)

@@ -46,16 +46,22 @@ def wait_until_answering(
 
 
 class ManagedService:
+    """The start/stop shape of every helper server: blocking ``start``/``stop``, async twins, both ``with`` forms."""
+
     def start(self) -> object:
+        """Start the server and return once it answers; what it returns is the subclass's (a port, an endpoint)."""
         raise NotImplementedError
 
     def stop(self) -> None:
+        """Stop the server; harmless when it is not running."""
         raise NotImplementedError
 
     async def astart(self) -> object:
+        """:meth:`start` in a worker thread, so a test's event loop keeps running while the server boots."""
         return await asyncio.to_thread(self.start)
 
     async def astop(self) -> None:
+        """:meth:`stop` in a worker thread."""
         await asyncio.to_thread(self.stop)
 
     def __enter__(self) -> Self:
@@ -109,20 +115,25 @@ class LocalProcess(ManagedService):
         self._proc: subprocess.Popen[bytes] | None = None
 
     def argv(self, port: int) -> list[str]:
+        """The command line that runs the server on ``port``."""
         raise NotImplementedError
 
     def ready_url(self) -> str:
+        """A URL that answers HTTP once the server is up (any status counts)."""
         return f"http://127.0.0.1:{self.port}/"
 
     @property
     def log_path(self) -> Path:
+        """Where the server's stdout and stderr go; error messages point here."""
         return self.state_dir / f"{self.name}.log"
 
     @property
     def running(self) -> bool:
+        """Whether the process was started and has not exited."""
         return self._proc is not None and self._proc.poll() is None
 
     def start(self) -> None:
+        """Start the program on a free port and wait until it answers (see the class); idempotent."""
         if self._proc is not None:
             return
         self.state_dir.mkdir(parents=True, exist_ok=True)
@@ -156,6 +167,7 @@ class LocalProcess(ManagedService):
         raise self.error(f"{self.name} exited during start-up three times: see {self.log_path}")
 
     def stop(self) -> None:
+        """Stop the program (``stop_signal``, then SIGKILL) and forget its port; idempotent."""
         proc, self._proc = self._proc, None
         stop_process(proc, self.stop_signal, self.stop_timeout)
         self.port = 0
