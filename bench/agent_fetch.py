@@ -8,7 +8,7 @@ Role: one process per benchmark run, like every other peer. Modes:
   ``agent/reconciler.py`` builds (staging beside the destination, ``previous=None`` for a first fetch).
 * ``hf``: :class:`model_agent.sources.hf.HuggingFaceSource` with the Hub endpoint on ``hf://<repo>``, then
   ``publish``. ``HF_HUB_DISABLE_XET=1`` is set before huggingface_hub is imported.
-* ``ranged``: the raw engine :class:`model_agent.sources.ranged.RangedDownloader` on plain HTTP URLs
+* ``ranged``: the raw engine :class:`model_agent.transfer.RangedDownloader` on plain HTTP URLs
   (``--base-url``/``<file>``), through its public API only (``RangedDownloader(session, config)``,
   ``RangedConfig``, ``Expected``, ``download()``), so a rewritten engine is picked up as is. Each file is
   downloaded into ``<dest>/.staging/`` with its sha256 as the expected checksum and renamed into ``--dest``
@@ -82,13 +82,12 @@ async def fetch_hf(args: argparse.Namespace) -> int:
 
 
 async def fetch_ranged(args: argparse.Namespace) -> int:
-    from model_agent.sources import ranged
-    from model_agent.sources.ranged import Expected, RangedConfig, RangedDownloader
+    from model_agent.transfer import Expected, RangedConfig, RangedDownloader, hashing
 
     listing = json.loads(Path(args.listing).read_text())
     staging = args.dest / ".staging"
     if args.no_hash:
-        ranged._hash_mapped = lambda *_a: None  # type: ignore[assignment]  # the transfer alone (see above)
+        hashing.hash_mapped = lambda *_a: None  # the transfer alone (see above)
     async with RangedDownloader(config=RangedConfig()) as engine:
         if args.idle:
             return 0

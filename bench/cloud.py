@@ -32,10 +32,9 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
-from model_agent.sources.ranged import RangedConfig  # noqa: E402
-
 from model_agent.sources.base import FetchRequest  # noqa: E402
 from model_agent.sources.cloud import CloudSource, settings_for  # noqa: E402
+from model_agent.transfer import RangedConfig  # noqa: E402
 from testbed.servers import azurite as az  # noqa: E402
 from testbed.servers import fakegcs  # noqa: E402
 

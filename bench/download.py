@@ -43,7 +43,7 @@ from download_origin import NginxOrigin, ensure_debian_packages  # noqa: E402
 from download_peers import PEERS, Job, Peer, available  # noqa: E402
 from http_fault_proxy import Faults, HttpFaultProxy  # noqa: E402
 
-from model_agent.sources.ranged import RangedConfig  # noqa: E402
+from model_agent.transfer import RangedConfig  # noqa: E402
 
 MiB = 1024 * 1024
 PEER_PACKAGES = {"aria2c": "aria2", "rclone": "rclone", "iperf3": "iperf3", "fio": "fio"}

@@ -4,7 +4,7 @@ Reproduce: ``.venv/bin/python bench/ranged.py`` (defaults: 2 GiB file, 3 rounds,
 below). Needs ``nginx`` (Debian ``nginx-light``); it is started as a child on a free loopback port with
 ``sendfile on; access_log off; worker_processes 1;`` and a prefix directory in a temporary directory, serving
 one random file warmed into the page cache. Each run is a fresh child process that downloads the file with
-:class:`model_agent.sources.ranged.RangedDownloader` (sha256 inline, default ``durable`` i.e. fdatasync before
+:class:`model_agent.transfer.RangedDownloader` (sha256 inline, default ``durable`` i.e. fdatasync before
 each part is recorded and fsync at the end) and reports its own ``getrusage`` around the download: CPU is
 the client's user+sys only (nginx excluded), ``idle_rss_mib`` is the child's RSS before the download and
 ``maxrss_mib`` its peak. Destinations: ``shm`` (``/dev/shm``: network and CPU only) and ``disk`` (a directory
@@ -45,16 +45,16 @@ CHILD = r"""
 import asyncio, json, os, resource, sys, time
 from pathlib import Path
 sys.path.insert(0, sys.argv[1])
-from model_agent.sources.ranged import Expected, RangedConfig, RangedDownloader
+from model_agent.transfer import Expected, RangedConfig, RangedDownloader
 
 url, dest, size, sha = sys.argv[2], Path(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
 part, conc, buf, durable = int(sys.argv[6]), int(sys.argv[7]), int(sys.argv[8]), sys.argv[9] == "1"
 progress = sys.argv[10] == "1"
 if sys.argv[11] == "release-at-completion":  # A/B only: the pre-change slot release (resume bound not kept)
-    from model_agent.sources import ranged
+    from model_agent.transfer import job
     async def _not_waiting(self, i):
         return None
-    ranged._Job._recorded = _not_waiting
+    job.Job._recorded = _not_waiting
 
 def rss_mib():
     with open("/proc/self/statm") as fh:

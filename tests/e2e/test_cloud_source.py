@@ -14,11 +14,11 @@ from urllib.parse import urlencode
 
 import aiohttp
 import pytest
-from model_agent.sources.ranged import PARTS_DIR, RangedConfig, part_map_path
 
 from model_agent.local.manifest import Manifest
 from model_agent.sources.base import FetchRequest, FetchResult, SourceError, publish
 from model_agent.sources.cloud import CloudSource, expected_from_probe, settings_for
+from model_agent.transfer import PARTS_DIR, RangedConfig, part_map_path
 from testbed.servers import azurite as az
 from testbed.servers import fakegcs
 from testbed.servers.azurite import AzuriteServer

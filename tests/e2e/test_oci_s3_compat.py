@@ -9,10 +9,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from model_agent.sources.ranged import RangedConfig
 
 from model_agent.sources.base import FetchRequest, SourceError, publish
 from model_agent.sources.oci import OciSource
+from model_agent.transfer import RangedConfig
 from testbed.servers.moto import MotoServer, create_bucket, upload_objects
 
 pytestmark = pytest.mark.e2e

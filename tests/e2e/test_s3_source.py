@@ -14,12 +14,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from model_agent.sources.ranged import PARTS_DIR, RangedConfig, part_map_name
 
 from model_agent.local.capacity import CapacityRegistry, DiskReserve, DiskUsage
 from model_agent.local.manifest import Manifest
 from model_agent.sources.base import FetchRequest, Progress, SourceError, publish
 from model_agent.sources.s3 import S3Source
+from model_agent.transfer import PARTS_DIR, RangedConfig, part_map_name
 from testbed.servers.moto import MotoServer, create_bucket, upload_objects
 
 pytestmark = pytest.mark.e2e

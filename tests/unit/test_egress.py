@@ -33,7 +33,7 @@ from model_agent.sources.egress import (
     origin_of,
 )
 from model_agent.sources.objects import RemoteObject
-from model_agent.sources.ranged_http import CONNECT_GUARD, SlotTransport, tls_context
+from model_agent.transfer.transport import CONNECT_GUARD, SlotTransport, tls_context
 
 CLUSTER = Owner(CLUSTER_KIND)
 EVIL = Owner(NAMESPACED_KIND, "team-evil")

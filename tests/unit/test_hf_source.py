@@ -21,7 +21,7 @@ from aiohttp import web
 from model_agent.sources import hf as hf_module
 from model_agent.sources.base import FetchRequest, SourceError
 from model_agent.sources.hf import HuggingFaceSource
-from model_agent.sources.ranged import RangedConfig
+from model_agent.transfer import RangedConfig
 
 KiB = 1024
 COMMIT = "c0ffee" * 6 + "abcd"

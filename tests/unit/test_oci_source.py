@@ -25,7 +25,7 @@ from model_agent.sources.oci import (
     settings_for,
     uses_storage_secret,
 )
-from model_agent.sources.ranged import PARTS_DIR, RangedConfig
+from model_agent.transfer import PARTS_DIR, RangedConfig
 from tests.support.fake_oci import FakeOciObjectStorage, UserPrincipal, write_user_principal
 from tests.support.waiting import eventually
 

@@ -11,13 +11,13 @@ import pytest
 
 from model_agent.sources.base import FetchRequest, SourceError
 from model_agent.sources.objects import clean_staging
-from model_agent.sources.ranged import PARTS_DIR, part_map_name
 from model_agent.sources.s3 import (
     S3Credentials,
     credentials_from_secret,
     expected_from_head,
     settings_for,
 )
+from model_agent.transfer import PARTS_DIR, part_map_name
 
 
 def req(uri: str, secret: dict[str, str] | None = None, **params: str) -> FetchRequest:

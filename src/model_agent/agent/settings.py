@@ -20,7 +20,7 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 from model_agent.agent.download_limits import DownloadLimits
 from model_agent.local.capacity import parse_size
 from model_agent.sources.egress import TenancyPolicy
-from model_agent.sources.ranged import RangedConfig
+from model_agent.transfer import RangedConfig
 
 # A list setting whose environment variable is comma-separated text (or a JSON list), not JSON only.
 TextList = Annotated[list[str], NoDecode]

@@ -5,7 +5,7 @@ credentials (Secret or ambient chain) and URL signing. The listing becomes
 :class:`~model_agent.sources.objects.RemoteObject` values and goes to
 :func:`~model_agent.sources.objects.fetch_listed` (layout, path safety, reuse, staging cleanup, disk
 reservation), which hands each object's :class:`~model_agent.sources.objects.ObjectGet` (from the probe below)
-to the ranged engine (:mod:`model_agent.sources.ranged`: parallel ranges, resumable part map, ``If-Match`` on the
+to the ranged engine (:mod:`model_agent.transfer`: parallel ranges, resumable part map, ``If-Match`` on the
 ETag, bounded memory) on signed GET URLs, renewed every ten minutes
 (:class:`~model_agent.sources.objects.SignedUrls`). Same guarantees and layout as
 ``s3://``: the prefix is taken as a folder, ``P/a/b`` becomes ``dest/a/b``, unsafe keys are
@@ -114,7 +114,7 @@ from model_agent.sources.objects import (
     folder_prefix,
     listed_object,
 )
-from model_agent.sources.ranged import Expected, RangedConfig, b64_to_hex
+from model_agent.transfer import Expected, RangedConfig, b64_to_hex
 
 if TYPE_CHECKING:
     from obstore.store import AzureStore, GCSStore

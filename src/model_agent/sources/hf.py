@@ -9,7 +9,7 @@ the shared ``publish`` step.
 Two data paths, by file:
 
 * LFS files (the weights; the hub lists their sha256) go through the ranged engine
-  (:mod:`model_agent.sources.ranged`): one metadata ``HEAD`` of the resolve URL gives where the bytes are (the
+  (:mod:`model_agent.transfer`): one metadata ``HEAD`` of the resolve URL gives where the bytes are (the
   hub redirects to its CDN; a mirror may serve them itself), then parallel ranged GETs into a preallocated
   file with a part map that survives a kill, sha256 hashed beside the transfer; four files at a time, the
   largest first. The location is looked up again every ten minutes, since CDN URLs are signed for a limited
@@ -48,7 +48,7 @@ from model_agent.local.capacity import REGISTRY, Reservation, is_disk_full
 from model_agent.local.manifest import FileRecord, file_digest
 from model_agent.model.uris import parse_hf_uri
 from model_agent.sources.base import FetchRequest, FetchResult, Progress, ResolveRecords, SourceError
-from model_agent.sources.ranged import (
+from model_agent.transfer import (
     Expected,
     RangedConfig,
     engine_session,

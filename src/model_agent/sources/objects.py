@@ -43,7 +43,8 @@ from model_agent.local.capacity import CapacityRegistry, Reservation, allocated_
 from model_agent.local.manifest import FileRecord
 from model_agent.sources.base import FetchRequest, FetchResult, Progress, SourceError
 from model_agent.sources.egress import guard_for
-from model_agent.sources.ranged import (
+from model_agent.transfer import (
+    CONNECT_GUARD,
     PARTS_DIR,
     Expected,
     HeaderSource,
@@ -56,7 +57,6 @@ from model_agent.sources.ranged import (
     part_map_path,
     run_all,
 )
-from model_agent.sources.ranged_http import CONNECT_GUARD
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,7 @@ manifest does not already hold (docs/ome-compatibility.md#10-oci-object-storage-
 SDK does the control plane in worker
 threads: ``GetNamespace`` (URI shape 3 only), ``ListObjects`` page by page (``fields=name,size,md5,etag``,
 ``nextStartWith``) and ``HeadObject`` per object. The bytes move through
-:class:`~model_agent.sources.ranged.RangedDownloader` on the object's URL, every request signed by the SDK's
+:class:`~model_agent.transfer.RangedDownloader` on the object's URL, every request signed by the SDK's
 signer (parallel ranges, resumable part map, bounded memory, ``If-Match`` on the ETag). Signatures are made
 in a worker thread, because a security-token signer (instance / resource principal, workload identity) may
 first refresh its token over the network, and reused for at most a minute per URL (OCI signs the date,
@@ -88,8 +88,8 @@ from model_agent.sources.base import FetchRequest, FetchResult, Progress, Source
 from model_agent.sources.egress import guard_for, refused
 from model_agent.sources.listing import ListingBudget
 from model_agent.sources.objects import ObjectGet, RemoteObject, Transfer, fetch_listed, listed_object
-from model_agent.sources.ranged import Expected, RangedConfig, b64_to_hex
 from model_agent.sources.s3 import S3Source
+from model_agent.transfer import Expected, RangedConfig, b64_to_hex
 
 PARAM_AUTH = "auth"
 PARAM_REGION = "region"

@@ -2,7 +2,7 @@
 
 Role: turn every object under a prefix into a verified file in staging, fetching only what the previous
 manifest does not already hold. boto3 does the control plane (listing, HEAD, presigning); the bytes move
-through :mod:`model_agent.sources.ranged` on presigned GET URLs (parallel ranges, resumable part map,
+through :mod:`model_agent.transfer` on presigned GET URLs (parallel ranges, resumable part map,
 bounded memory, ``If-Match`` on the ETag so an object replaced mid-download is noticed). URLs are signed in
 a worker thread for one hour and renewed every ten minutes, since a URL signed with temporary credentials
 (IRSA, instance roles) dies with them. Blocking boto3 calls run in threads; cancellation takes effect at
@@ -93,7 +93,7 @@ from model_agent.sources.objects import (
     folder_prefix,
     listed_object,
 )
-from model_agent.sources.ranged import Expected, RangedConfig, b64_to_hex
+from model_agent.transfer import Expected, RangedConfig, b64_to_hex
 
 if TYPE_CHECKING:
     from types_boto3_s3.client import S3Client

@@ -1,10 +1,9 @@
 """Zero-copy receive of plain-HTTP bodies: ``splice(2)`` from the socket into the file through a pipe.
 
-Role: the fast path of :mod:`model_agent.sources.ranged` for a response on a plain TCP connection. The
+Role: the fast path of :mod:`model_agent.transfer.job` for a response on a plain TCP connection. The
 ``readinto`` + ``pwrite`` path copies every byte twice (socket → the slot's buffer, buffer → page cache);
 here the kernel moves the received pages into a pipe by reference and copies them once, into the file's
-page cache, and no byte passes through Python. Measured on this 2-core box (2 GiB from nginx on loopback
-to tmpfs, 8 slots): 1.66 → about 1.0 CPU-s/GB for the transfer (``bench/ranged.py``).
+page cache, and no byte passes through Python (the measured saving is in ``bench/RANGED_HISTORY.md``).
 
 When it is used: Linux (``os.splice``), a connection without TLS (TLS bytes are decrypted in user space,
 there is nothing to splice), a response with a ``Content-Length`` that is not chunked. Anything else, or a

@@ -1,6 +1,6 @@
 """Blocking HTTP(S) GETs for the ranged engine: one keep-alive connection per part slot, proxies, TLS trust.
 
-Role: the transport under :mod:`model_agent.sources.ranged`. Each part slot of a downloader owns one
+Role: the transport under :mod:`model_agent.transfer.job`. Each part slot of a downloader owns one
 :class:`SlotTransport`, used by one worker thread at a time, so a connection is reused from part to part
 without locks or a shared pool. It is stdlib ``http.client`` on purpose: its response ``readinto`` fills a
 caller's buffer straight from the socket (no allocation per chunk), which is what makes a Python data path

@@ -1,4 +1,4 @@
-"""The ranged download engine against a small real HTTP origin (aiohttp on loopback) with injectable faults."""
+"""The transfer engine against a small real HTTP origin (aiohttp on loopback) with injectable faults."""
 
 from __future__ import annotations
 
@@ -28,9 +28,8 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
 from model_agent.local.capacity import CapacityRegistry, DiskReserve, DiskUsage
-from model_agent.sources import ranged, ranged_splice
 from model_agent.sources.base import SourceError
-from model_agent.sources.ranged import Expected, RangedConfig, RangedDownloader, parse_retry_after
+from model_agent.transfer import Expected, RangedConfig, RangedDownloader, job, splice
 from tests.support.waiting import eventually
 
 KiB = 1024
@@ -149,7 +148,7 @@ def engine(config: RangedConfig) -> RangedDownloader:
 def receive_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
     """Every test runs over both receive paths: splice(2) (plain HTTP on Linux) and copying through a buffer."""
     if request.param == "copy":
-        monkeypatch.setattr(ranged_splice, "SUPPORTED", False)
+        monkeypatch.setattr(splice, "SUPPORTED", False)
     return str(request.param)
 
 
@@ -171,20 +170,8 @@ def digests(data: bytes) -> dict[str, str]:
         "md5": hashlib.md5(data).hexdigest(),
         "sha256": hashlib.sha256(data).hexdigest(),
         "crc32": f"{zlib.crc32(data):08x}",
-        "crc32c": google_crc32c.Checksum(data).digest().hex(),
+        "crc32c": google_crc32c.Checksum(data).digest().hex(),  # type: ignore[no-untyped-call]
     }
-
-
-def test_crc32c_is_the_castagnoli_check_value() -> None:
-    # The CRC-32C check value of "123456789" (RFC 3720, B.4), through the engine's hasher in uneven pieces.
-    hasher = ranged._new_hasher("crc32c")
-    data = b"123456789" * (ranged.CRC32C_CHUNK // 3)
-    hasher.update(memoryview(data)[:5])
-    hasher.update(memoryview(data)[5:])
-    assert hasher.hexdigest() == google_crc32c.Checksum(data).digest().hex()
-    one = ranged._new_hasher("crc32c")
-    one.update(b"123456789")
-    assert one.hexdigest() == "e3069283"
 
 
 def done_parts(state_path: Path) -> tuple[int, list[int]]:
@@ -227,7 +214,7 @@ async def test_plain_http_bodies_take_the_receive_path_chosen(
     read-ahead past the headers go through a buffer. With splice off, every byte is copied."""
     data = os.urandom(3 * MiB)
     copied = spliced = 0
-    real_pwrite, real_splice = ranged._pwrite_all, ranged_splice.write_from_pipe
+    real_pwrite, real_splice = job._pwrite_all, splice.write_from_pipe
 
     def counting_pwrite(fd: int, view: memoryview, offset: int) -> None:
         nonlocal copied
@@ -240,8 +227,8 @@ async def test_plain_http_bodies_take_the_receive_path_chosen(
         spliced += n
         return n
 
-    monkeypatch.setattr(ranged, "_pwrite_all", counting_pwrite)
-    monkeypatch.setattr(ranged_splice, "write_from_pipe", counting_splice)
+    monkeypatch.setattr(job, "_pwrite_all", counting_pwrite)
+    monkeypatch.setattr(splice, "write_from_pipe", counting_splice)
     origin = await origin_for(data)
     dl = engine(FAST)
     try:
@@ -468,7 +455,7 @@ async def test_disk_full_mid_download_keeps_the_partial(tmp_path: Path, monkeypa
     cfg = RangedConfig(part_size=256 * KiB, concurrency=1, write_buffer=64 * KiB)
     origin = await origin_for(data)
     dest = tmp_path / "f"
-    real_pwrite, real_splice = ranged._pwrite_all, ranged_splice.write_from_pipe
+    real_pwrite, real_splice = job._pwrite_all, splice.write_from_pipe
     full_from = 5 * cfg.part_size  # the disk is full for every byte from part 5 on
 
     def filling(fd: int, view: memoryview, offset: int) -> None:
@@ -481,16 +468,16 @@ async def test_disk_full_mid_download_keeps_the_partial(tmp_path: Path, monkeypa
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
         return real_splice(pipe_fd, fd, count, pos)
 
-    monkeypatch.setattr(ranged, "_pwrite_all", filling)
-    monkeypatch.setattr(ranged_splice, "write_from_pipe", filling_splice)
+    monkeypatch.setattr(job, "_pwrite_all", filling)
+    monkeypatch.setattr(splice, "write_from_pipe", filling_splice)
     try:
         with pytest.raises(SourceError) as err:
             await engine(cfg).download(origin.url, dest, Expected(len(data), digests(data)))
         assert err.value.reason == "InsufficientDisk"
         _, done = done_parts(Path(f"{dest}.parts.json"))
         assert done == [0, 1, 2, 3, 4]
-        monkeypatch.setattr(ranged, "_pwrite_all", real_pwrite)
-        monkeypatch.setattr(ranged_splice, "write_from_pipe", real_splice)
+        monkeypatch.setattr(job, "_pwrite_all", real_pwrite)
+        monkeypatch.setattr(splice, "write_from_pipe", real_splice)
         origin.bytes_sent = 0
         got = await engine(cfg).download(origin.url, dest, Expected(len(data), digests(data)))
     finally:
@@ -498,13 +485,6 @@ async def test_disk_full_mid_download_keeps_the_partial(tmp_path: Path, monkeypa
     assert got.resumed_bytes == 5 * cfg.part_size
     assert origin.bytes_sent == len(data) - 5 * cfg.part_size
     assert dest.read_bytes() == data
-
-
-def test_retry_after_parsing() -> None:
-    assert parse_retry_after("7") == 7.0
-    assert parse_retry_after(None) is None and parse_retry_after("soon") is None
-    when = "Wed, 21 Oct 2015 07:28:00 GMT"
-    assert parse_retry_after(when, now=1445412480 - 30) == pytest.approx(30.0)
 
 
 # ----------------------------------------------------------------------------------------------- capacity
@@ -557,7 +537,7 @@ async def test_preallocation_consumes_the_reservation(tmp_path: Path) -> None:
 _CHILD = """
 import asyncio, sys
 from pathlib import Path
-from model_agent.sources.ranged import Expected, RangedConfig, RangedDownloader
+from model_agent.transfer import Expected, RangedConfig, RangedDownloader
 
 async def main() -> None:
     url, dest, size, part, conc = sys.argv[1], Path(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])

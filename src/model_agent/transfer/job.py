@@ -1,0 +1,537 @@
+"""One file's transfer: parts fetched through the downloader's slots, recorded, hashed, verified.
+
+Role: everything that happens to one file between "fetch this" and "these bytes are the promised ones"
+(the contract is in :mod:`model_agent.transfer`). The event loop side schedules parts, records them in the
+part map (:mod:`~model_agent.transfer.partmap`) and hashes the completed prefix
+(:mod:`~model_agent.transfer.hashing`); the worker-thread side sends one GET per part through a slot's
+transport and moves the body into the file, spliced (:mod:`~model_agent.transfer.splice`) or copied.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import http.client
+import os
+import random
+import socket
+import ssl
+import threading
+from collections import deque
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from model_agent.local.capacity import Reservation, allocated_bytes
+from model_agent.model.errors import SourceError
+from model_agent.transfer import hashing
+from model_agent.transfer.aio import Io, run_all, settle
+from model_agent.transfer.answers import TRANSIENT, Answer, RangeIgnored, Retry, Stopped, check_answer, describe
+from model_agent.transfer.config import Downloaded, Expected, HeaderSource, UrlSource
+from model_agent.transfer.disk import disk_error, preallocate
+from model_agent.transfer.hashing import HASH_STEP, new_hasher
+from model_agent.transfer.partmap import PartMap
+from model_agent.transfer.splice import (
+    FileWriteError,
+    SplicePipe,
+    SpliceUnsupported,
+    plain_socket,
+    pwrite_all,
+    splice_body,
+)
+
+if TYPE_CHECKING:
+    from model_agent.transfer.engine import RangedDownloader, Slot
+
+MiB = 1024 * 1024
+PROGRESS_STEP = 16 * MiB  # spliced bytes are reported to the event loop in steps this large (fewer wake-ups)
+
+_pwrite_all = pwrite_all  # the copying path's writes (a name of this module: tests fill the disk through it)
+
+
+@dataclass
+class _Span:
+    pos: int
+    end: int  # exclusive
+
+
+class Job:
+    """The transfer of one file (made by :meth:`RangedDownloader.download`; :meth:`run` once)."""
+
+    def __init__(
+        self,
+        dl: RangedDownloader,
+        url: UrlSource,
+        path: Path,
+        expected: Expected,
+        headers: HeaderSource,
+        state_path: Path,
+        label: str,
+        on_bytes: Callable[[int], None],
+        reservation: Reservation | None,
+    ) -> None:
+        self.dl = dl
+        self.cfg = dl.config
+        self.url = url
+        self.path = path
+        self.expected = expected
+        self.size = expected.size
+        self.headers = headers
+        self.state_path = state_path
+        self.label = label
+        self.on_bytes = on_bytes
+        self.reservation = reservation
+        self.algorithms = sorted({"sha256", *expected.checksums})
+        self.io = Io()
+        self.fd = -1
+        self.state = PartMap.fresh(self.size, self.cfg.part_size, expected.validator)
+        self.recorded = self.state.copy()  # what the map on disk says
+        self.persist_progress = False
+        self.queue: deque[int] = deque()
+        self.fetched = 0
+        self.resumed = 0
+        self.requests = 0
+        self.frontier = 0  # parts [0, frontier) are all done
+        self.part_event = asyncio.Event()
+        self.unrecorded: set[int] = set()
+        self.flusher: asyncio.Task[None] | None = None
+        self.flushed = asyncio.Event()  # set after every map write (or its failure)
+        self.flush_error: BaseException | None = None
+        self.sequential = False  # single-stream mode (the server ignores Range)
+        self.next_sequential = 0
+        self.loop = asyncio.get_running_loop()
+        # One writer to the file at a time: parallel writers contend for the inode lock and the kernel spins on
+        # it (measured: 1.7 -> 1.6 CPU-s/GB copying to tmpfs, and most of the gain of splice on ext4).
+        self.write_lock = threading.Lock()
+
+    # ------------------------------------------------------------------ open / state
+
+    def _open(self) -> bool:
+        """Load or reset the part map, open and preallocate the file. True when the file is already complete."""
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.state_path.parent.mkdir(parents=True, exist_ok=True)
+        old = PartMap.load(self.state_path)
+        try:
+            on_disk = self.path.stat().st_size
+        except FileNotFoundError:
+            on_disk = -1
+        usable = (
+            old is not None
+            and old.size == self.size
+            and old.validator == self.expected.validator
+            and on_disk == self.size
+        )
+        if usable and old is not None and old.complete:
+            if all(alg in old.digests for alg in self.algorithms):
+                self.state = old
+                return True
+            usable = False  # complete, but without a digest we now need: fetch again
+        if usable and old is not None:
+            self.state = old
+            self.recorded = old.copy()
+            flags = os.O_RDWR
+        else:
+            self.state = PartMap.fresh(self.size, self.cfg.part_size, self.expected.validator)
+            self.recorded = self.state.copy()
+            # Forget old progress before touching the data, so no map ever describes bytes we overwrite.
+            with contextlib.suppress(FileNotFoundError):
+                self.state_path.unlink()
+            flags = os.O_RDWR | os.O_CREAT | os.O_TRUNC
+        self.persist_progress = self.state.parts > 1
+        try:
+            self.fd = os.open(self.path, flags, 0o644)
+        except OSError as exc:
+            raise disk_error(self.label, exc, "creating the file") from exc
+        before = allocated_bytes(self.path)
+        try:
+            preallocate(self.fd, self.size)
+        except OSError as exc:
+            os.close(self.fd)
+            self.fd = -1
+            raise disk_error(self.label, exc, f"preallocating {self.size} bytes") from exc
+        if self.reservation is not None:
+            self.reservation.consume(allocated_bytes(self.path) - before)
+        if self.persist_progress and not usable:
+            try:
+                self.state.save(self.state_path)
+            except OSError as exc:
+                raise disk_error(self.label, exc, "writing the part map") from exc
+        self.resumed = self.state.done_bytes()
+        self.queue.extend(i for i in range(self.state.parts) if not self.state.is_done(i))
+        self._advance_frontier()
+        return False
+
+    def _advance_frontier(self) -> None:
+        while self.frontier < self.state.parts and self.state.is_done(self.frontier):
+            self.frontier += 1
+
+    def _frontier_bytes(self) -> int:
+        return min(self.size, self.frontier * self.state.part_size)
+
+    # ------------------------------------------------------------------ run
+
+    async def run(self) -> Downloaded:
+        try:
+            already = await self.io.run(self._open)
+        except BaseException:
+            await self._close()
+            raise
+        if already:
+            return Downloaded(self.path, self.size, self._digests(self.state.digests), 0, self.size, 0)
+        try:
+            digests = await self._transfer_and_hash()
+            await self._verify(digests)
+            return Downloaded(self.path, self.size, digests, self.fetched, self.resumed, self.requests)
+        finally:
+            cleanup = asyncio.ensure_future(self._shutdown())
+            await asyncio.shield(cleanup)
+
+    def _digests(self, found: Mapping[str, str]) -> dict[str, str]:
+        return {alg: found[alg] for alg in self.algorithms}
+
+    async def _transfer_and_hash(self) -> dict[str, str]:
+        hasher = asyncio.ensure_future(self._hash_loop())
+        try:
+            if self.queue:
+                workers = min(len(self.queue), self.cfg.concurrency)
+                try:
+                    await run_all(self._worker() for _ in range(workers))
+                except RangeIgnored:
+                    await self._single_stream()
+            await self._flush_now()
+            self.part_event.set()
+            return await hasher
+        finally:
+            if not hasher.done():
+                hasher.cancel()
+            await asyncio.gather(hasher, return_exceptions=True)
+
+    async def _shutdown(self) -> None:
+        """After success, failure or cancellation: no thread uses the fd, the map is current, the fd closed."""
+        await self.io.drain()
+        if self.fd >= 0 and not self.state.complete:
+            with contextlib.suppress(Exception):
+                await self._flush_now()
+            await self.io.drain()
+        await self._close()
+
+    async def _close(self) -> None:
+        if self.fd >= 0:
+            fd, self.fd = self.fd, -1
+            os.close(fd)
+
+    # ------------------------------------------------------------------ parts and the part map
+
+    async def _worker(self) -> None:
+        while self.queue:
+            i = self.queue.popleft()
+            # The slot is held until the part is durably recorded: parts in flight plus parts completed but not
+            # yet in the map never exceed the slots, so a kill at any instant refetches <= concurrency parts.
+            async with self.dl._slot() as slot:
+                await self._fetch_part(i, slot)
+                self._part_done(i)
+                await self._recorded(i)
+
+    def _part_done(self, i: int) -> None:
+        self.state.mark(i)
+        self._advance_frontier()
+        self.part_event.set()
+        if self.flush_error is not None:
+            raise self.flush_error
+        if self.persist_progress:
+            self.unrecorded.add(i)
+            if self.flusher is None or self.flusher.done():
+                self.flusher = asyncio.ensure_future(self._flush_loop())
+
+    async def _recorded(self, i: int) -> None:
+        """Return once part ``i`` is in the map on disk (after the fdatasync of its bytes when durable)."""
+        while self.persist_progress and not self.recorded.is_done(i):
+            if self.flush_error is not None:
+                raise self.flush_error
+            self.flushed.clear()
+            await self.flushed.wait()
+
+    async def _flush_loop(self) -> None:
+        try:
+            while self.unrecorded:
+                batch = set(self.unrecorded)
+                self.unrecorded.clear()
+                if self.cfg.durable:
+                    await self.io.run(os.fdatasync, self.fd)
+                for i in batch:
+                    self.recorded.mark(i)
+                snapshot = self.recorded.copy()
+                await self.io.run(snapshot.save, self.state_path)
+                self.flushed.set()
+        except asyncio.CancelledError:
+            raise
+        except OSError as exc:
+            self.flush_error = disk_error(self.label, exc, "recording progress")
+        except Exception as exc:
+            self.flush_error = exc
+        finally:
+            self.flushed.set()
+
+    async def _flush_now(self) -> None:
+        """Wait for a running map write, then record whatever is still unrecorded."""
+        if self.flusher is not None and not self.flusher.done():
+            await asyncio.shield(self.flusher)
+        if self.persist_progress and self.unrecorded and self.fd >= 0:
+            self.flusher = asyncio.ensure_future(self._flush_loop())
+            await asyncio.shield(self.flusher)
+        if self.flush_error is not None:
+            raise self.flush_error
+
+    # ------------------------------------------------------------------ requests
+
+    async def _fetch_part(self, i: int, slot: Slot) -> None:
+        start = i * self.state.part_size
+        span = _Span(start, min(self.size, start + self.state.part_size))
+        failures = 0
+        while span.pos < span.end:
+            await self.dl._wait_turn()
+            before = span.pos
+            try:
+                await self._stream(span, slot, whole=(span.pos == 0 and span.end == self.size))
+            except TRANSIENT as exc:
+                if span.pos >= span.end:
+                    return
+                failures = 1 if span.pos > before else failures + 1
+                if failures >= self.cfg.max_attempts:
+                    raise SourceError(
+                        "DownloadFailed",
+                        f"{self.label}: bytes {span.pos}-{span.end - 1}: {failures} attempts in a row failed; "
+                        f"last: {describe(exc)}",
+                    ) from None
+                await asyncio.sleep(self._retry_delay(exc, failures))
+
+    async def _request_url(self) -> str:
+        if isinstance(self.url, str):
+            return self.url
+        url = self.url()
+        return url if isinstance(url, str) else await url
+
+    async def _stream(self, span: _Span, slot: Slot, *, whole: bool) -> None:
+        """One GET for ``span`` in the slot's thread; advances ``span.pos`` past every byte written."""
+        self.requests += 1
+        url = await self._request_url()
+        headers = dict(self.headers(url) if callable(self.headers) else self.headers)
+        if not whole:
+            headers["Range"] = f"bytes={span.pos}-{span.end - 1}"
+        if self.expected.validator:
+            headers["If-Match"] = self.expected.validator
+        stop = threading.Event()
+        fut = self.dl._threads.submit(self._request, slot, url, headers, span, whole, stop)
+        self.io.track(fut)
+        try:
+            await asyncio.wrap_future(fut)
+        except asyncio.CancelledError:
+            # The thread notices within one buffer (the flag) or at once when blocked on the socket (shutdown).
+            stop.set()
+            slot.transport.abort()
+            await settle(fut)
+            raise
+
+    def _request(
+        self, slot: Slot, url: str, headers: dict[str, str], span: _Span, whole: bool, stop: threading.Event
+    ) -> None:
+        """Worker thread: send the GET, check the answer, copy the body to the file."""
+        try:
+            key = slot.transport.key_of(url)
+            resp = slot.transport.get(url, headers)
+        except ssl.SSLCertVerificationError as exc:  # (also a ValueError: first)
+            raise SourceError("TLSError", f"{self.label}: certificate not trusted ({exc.verify_message})") from None
+        except ValueError as exc:
+            raise SourceError("BadRequest", f"{self.label}: {exc}") from None
+        reusable = False
+        try:
+            check_answer(Answer.of(resp), self.label, self.size, span.pos, span.end, whole=whole)
+            sock = plain_socket(resp, slot.transport.active_socket()) if self.dl._splice else None
+            if sock is not None:
+                self._splice_body(resp, sock, span, slot, stop)
+            if span.pos < span.end:  # (after a complete splice there is nothing to copy: no buffer is made)
+                self._copy_body(resp, span, slot.buffer(), stop)
+            reusable = resp.isclosed()  # read to its end: the connection can carry the next request
+        finally:
+            if not reusable:
+                slot.transport.drop(key)
+
+    def _copy_body(
+        self,
+        resp: http.client.HTTPResponse,
+        span: _Span,
+        buf: bytearray,
+        stop: threading.Event,
+        until: int | None = None,
+    ) -> None:
+        """Worker thread: copy the body into the file through the slot's buffer, to ``until`` or the span's end."""
+        end = span.end if until is None else until
+        view = memoryview(buf)
+        while span.pos < end:
+            if stop.is_set():
+                raise Stopped()  # the awaiting task was cancelled and waits for this thread to let go
+            # readinto fills the buffer straight from the socket; never past the span, whatever the server sends.
+            n = resp.readinto(view[: min(len(view), end - span.pos)])
+            if not n:
+                break
+            self._write_at(view[:n], span)
+        if span.pos < end:
+            raise Retry(f"the response ended {span.end - span.pos} bytes early")
+
+    def _splice_body(
+        self, resp: http.client.HTTPResponse, sock: socket.socket, span: _Span, slot: Slot, stop: threading.Event
+    ) -> None:
+        """Worker thread: the body straight from the socket into the file (see transfer.splice), as far as it goes.
+
+        Returns with ``span`` advanced past what is in the file; :meth:`_copy_body` then does the rest, if any
+        (nothing, unless the kernel refused the splice).
+        """
+        # What http.client read past the headers is in its buffer, not in the socket: that goes first, copied.
+        if not resp.length or span.pos >= span.end:
+            return  # (peek on an empty body would wait for bytes that never come)
+        head = min(len(resp.fp.peek(1)), span.end - span.pos, resp.length)
+        if head:
+            self._write_at(memoryview(resp.read(head)), span)  # a few KiB at most: no system call
+        count = min(resp.length or 0, span.end - span.pos)
+        if count <= 0:
+            return
+        if slot.pipe is None:
+            try:
+                slot.pipe = SplicePipe()
+            except OSError:
+                return  # no pipe to be had (descriptors exhausted?): copy this body
+        unreported = 0
+
+        def written(pos: int, n: int) -> None:
+            nonlocal unreported
+            span.pos = pos + n
+            unreported += n
+            if unreported >= PROGRESS_STEP:
+                self._report(span.pos - unreported, unreported)
+                unreported = 0
+
+        try:
+            moved = splice_body(
+                sock,
+                slot.pipe,
+                self.fd,
+                span.pos,
+                count,
+                write_lock=self.write_lock,
+                stopped=stop.is_set,
+                timeout_s=self.cfg.read_timeout_s,
+                on_written=written,
+            )
+        except SpliceUnsupported:
+            self.dl._splice = False
+            return
+        except FileWriteError as exc:
+            raise disk_error(self.label, exc.cause, "writing") from exc.cause
+        finally:
+            if unreported:
+                self._report(span.pos - unreported, unreported)
+            if slot.pipe is not None and not slot.pipe.file_writes_ok:
+                self.dl._splice = False
+        if stop.is_set():
+            raise Stopped()
+        if moved == resp.length:
+            resp.length = 0
+            resp.read()  # nothing left to read: marks the response complete, so the connection is reused
+
+    def _write_at(self, data: memoryview, span: _Span) -> None:
+        """Worker thread: write ``data`` at ``span.pos`` and advance it."""
+        try:
+            with self.write_lock:
+                _pwrite_all(self.fd, data, span.pos)
+        except OSError as exc:
+            raise disk_error(self.label, exc, "writing") from exc
+        self._report(span.pos, len(data))
+        span.pos += len(data)
+
+    def _report(self, start: int, n: int) -> None:
+        """Worker thread: ``n`` bytes from ``start`` are in the file."""
+        self.loop.call_soon_threadsafe(self._wrote, n, start + n)
+
+    def _wrote(self, n: int, pos: int) -> None:
+        self.fetched += n
+        self.on_bytes(n)
+        if self.sequential:
+            self._passed(pos)
+
+    async def _single_stream(self) -> None:
+        """The server ignores Range: fetch the whole body in one stream, recording parts as it passes them."""
+        failures = 0
+        self.sequential = True
+        while True:
+            await self.dl._wait_turn()
+            span = _Span(0, self.size)
+            try:
+                async with self.dl._slot() as slot:
+                    await self._stream(span, slot, whole=True)
+                return
+            except TRANSIENT as exc:
+                failures = 1 if span.pos > 0 else failures + 1
+                if failures >= self.cfg.max_attempts:
+                    raise SourceError(
+                        "DownloadFailed", f"{self.label}: {failures} attempts in a row failed; last: {describe(exc)}"
+                    ) from None
+                await asyncio.sleep(self._retry_delay(exc, failures))
+
+    def _retry_delay(self, exc: BaseException, failures: int) -> float:
+        retry_after = exc.retry_after if isinstance(exc, Retry) else None
+        if retry_after is not None:
+            delay = min(retry_after, self.cfg.retry_after_cap_s)
+            self.dl._pause(delay)  # the server asked everyone to wait, not only this request
+            return delay
+        delay = min(self.cfg.backoff_cap_s, self.cfg.backoff_base_s * 2.0 ** (failures - 1))
+        return delay * random.uniform(0.5, 1.0)
+
+    def _passed(self, pos: int) -> None:
+        """Single-stream mode: every part that ends at or before ``pos`` is complete."""
+        part_size = self.state.part_size
+        while self.next_sequential < self.state.parts and min(self.size, (self.next_sequential + 1) * part_size) <= pos:
+            if not self.state.is_done(self.next_sequential):
+                self._part_done(self.next_sequential)
+            self.next_sequential += 1
+
+    # ------------------------------------------------------------------ hashing and verification
+
+    async def _hash_loop(self) -> dict[str, str]:
+        hashers = [new_hasher(alg) for alg in self.algorithms]
+        hashed = 0
+        while hashed < self.size:
+            limit = self._frontier_bytes()
+            if hashed >= limit:
+                self.part_event.clear()
+                await self.part_event.wait()
+                continue
+            length = min(HASH_STEP, limit - hashed)
+            # each update releases the GIL: several algorithms use both cores
+            # (hashing.hash_mapped looked up per call: the benchmark's transfer-alone mode replaces it)
+            await asyncio.gather(*(self.io.run(hashing.hash_mapped, self.fd, h, hashed, length) for h in hashers))
+            hashed += length
+        return {alg: h.hexdigest() for alg, h in zip(self.algorithms, hashers, strict=True)}
+
+    async def _verify(self, digests: dict[str, str]) -> None:
+        problems = []
+        on_disk = os.fstat(self.fd).st_size
+        if on_disk != self.size:
+            problems.append(f"size {on_disk} != {self.size}")
+        for alg, want in sorted(self.expected.checksums.items()):
+            if digests.get(alg) != want.lower():
+                problems.append(f"{alg} {digests.get(alg)} != expected {want.lower()}")
+        if problems:
+            await self.io.drain()
+            self.state.complete = True  # nothing left to record: the file is discarded below
+            for p in (self.path, self.state_path):
+                with contextlib.suppress(FileNotFoundError):
+                    p.unlink()
+            raise SourceError("VerificationFailed", f"{self.label}: " + "; ".join(problems))
+        await self.io.run(os.fsync, self.fd)
+        self.state.complete = True
+        self.state.digests = dict(digests)
+        try:
+            await self.io.run(self.state.save, self.state_path)
+        except OSError as exc:
+            raise disk_error(self.label, exc, "recording completion") from exc
