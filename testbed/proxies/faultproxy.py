@@ -202,6 +202,8 @@ class RequestRecord:
 
 @dataclasses.dataclass(frozen=True)
 class Respond:
+    """Answer the request here with this status, body and headers; the API server never sees it."""
+
     status: int
     body: bytes
     headers: tuple[tuple[str, str], ...]
@@ -209,17 +211,23 @@ class Respond:
 
 @dataclasses.dataclass(frozen=True)
 class Stall:
+    """Hold the request for ``seconds`` (None: until the client leaves), then forward it or drop the connection."""
+
     seconds: float | None
     then: Literal["forward", "drop"]
 
 
 @dataclasses.dataclass(frozen=True)
 class Drop:
+    """Close the client's connection without an answer: a transport failure as the agent sees it."""
+
     pass
 
 
 @dataclasses.dataclass(frozen=True)
 class CutWatch:
+    """End a watch after ``events`` upstream lines or ``seconds``; ``abrupt`` aborts it instead of ending it cleanly."""
+
     events: int | None
     seconds: float | None
     abrupt: bool
@@ -227,6 +235,8 @@ class CutWatch:
 
 @dataclasses.dataclass(frozen=True)
 class StripListItems:
+    """Forward a LIST but remove the items ``predicate`` matches: an object vanishing from a relist."""
+
     predicate: Callable[[JSON], bool]
 
 
@@ -386,11 +396,13 @@ class RuleHandle:
 
     @property
     def fired(self) -> int:
+        """How many requests this rule has acted on so far."""
         with self._proxy._cond:
             return self._fired
 
     @property
     def remaining(self) -> int | None:
+        """How many more requests it will act on (None: no limit)."""
         with self._proxy._cond:
             return self._remaining
 
@@ -401,6 +413,7 @@ class RuleHandle:
             return self._active
 
     def remove(self) -> None:
+        """Take the rule out; requests from now on are forwarded unless another rule matches."""
         self._proxy._remove_rule(self)
 
     def _matches(self, method: str, path: str, info: RequestInfo) -> bool:
@@ -566,6 +579,7 @@ class FaultProxy(ManagedService):
         verb: str | None = None,
         resource: str | None = None,
     ) -> int:
+        """How many recorded requests match all the given filters (``requests`` with the same arguments, counted)."""
         return len(self.requests(method, path_contains, verb, resource))
 
     def reset(self) -> None:
@@ -576,6 +590,7 @@ class FaultProxy(ManagedService):
 
     # -- rules
     def add_rule(self, rule: Rule) -> RuleHandle:
+        """Add ``rule`` after the existing ones and return its handle; rule names are unique until ``reset``."""
         with self._cond:
             self._rule_seq += 1
             name = rule.name or f"rule-{self._rule_seq}"
@@ -586,10 +601,12 @@ class FaultProxy(ManagedService):
             return handle
 
     def rules(self) -> list[RuleHandle]:
+        """The active rules, in the order they are matched."""
         with self._cond:
             return list(self._rules)
 
     def clear_rules(self) -> None:
+        """Deactivate every rule (their handles keep their counts); traffic is forwarded untouched from now on."""
         with self._cond:
             for handle in self._rules:
                 handle._active = False
@@ -635,6 +652,7 @@ class FaultProxy(ManagedService):
         return self._call(self._inject(re.compile(path), event), timeout)
 
     async def ainject_watch_event(self, path: str, event: JSON, *, timeout: float = CALL_TIMEOUT_S) -> int:
+        """:meth:`inject_watch_event` for async tests, without blocking their loop."""
         return await self._acall(self._inject(re.compile(path), event), timeout)
 
     def inject_deleted(self, path: str, obj: JSON, *, timeout: float = CALL_TIMEOUT_S) -> int:
@@ -642,6 +660,7 @@ class FaultProxy(ManagedService):
         return self.inject_watch_event(path, {"type": "DELETED", "object": obj}, timeout=timeout)
 
     async def ainject_deleted(self, path: str, obj: JSON, *, timeout: float = CALL_TIMEOUT_S) -> int:
+        """:meth:`inject_deleted` for async tests: a forged DELETED, the rumour the agent must confirm."""
         return await self.ainject_watch_event(path, {"type": "DELETED", "object": obj}, timeout=timeout)
 
     async def ainject_watch_events(self, path: str, events: list[JSON], *, timeout: float = CALL_TIMEOUT_S) -> int:
@@ -679,6 +698,7 @@ class FaultProxy(ManagedService):
     async def await_for(
         self, predicate: Callable[[], bool], *, timeout: float = CALL_TIMEOUT_S, what: str = ""
     ) -> None:
+        """:meth:`wait_for` for async tests: until ``predicate`` holds over the proxy's state, or ``timeout``."""
         await asyncio.to_thread(self.wait_for, predicate, timeout=timeout, what=what)
 
     def wait_watches(self, n: int = 1, path: str | None = None, *, timeout: float = CALL_TIMEOUT_S) -> None:
@@ -686,6 +706,7 @@ class FaultProxy(ManagedService):
         self.wait_for(lambda: self.open_watches(path) >= n, timeout=timeout, what=f"{n} open watch(es) on {path}")
 
     async def await_watches(self, n: int = 1, path: str | None = None, *, timeout: float = CALL_TIMEOUT_S) -> None:
+        """:meth:`wait_watches` for async tests: wait until ``n`` watches (matching ``path``) are open."""
         await asyncio.to_thread(self.wait_watches, n, path, timeout=timeout)
 
     # -- lifecycle
@@ -714,6 +735,7 @@ class FaultProxy(ManagedService):
         self.port = 0
 
     async def astart(self) -> int:
+        """:meth:`start` in a worker thread; returns the port."""
         return await asyncio.to_thread(self.start)
 
     def _call(self, coro: Coroutine[Any, Any, T], timeout: float) -> T:

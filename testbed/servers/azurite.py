@@ -44,10 +44,12 @@ class AzuriteError(Exception):
 
 
 def install_dir() -> Path:
+    """Where Azurite's npm package is cached, per version (shared by every checkout on the machine)."""
     return cp.cache_root() / "azurite" / AZURITE_VERSION
 
 
 def blob_binary() -> Path:
+    """The blob service's entry point inside the cached package."""
     return install_dir() / "node_modules" / ".bin" / "azurite-blob"
 
 
@@ -102,6 +104,7 @@ class AzuriteServer(LocalProcess):
         super().__init__(state_dir, start_timeout=start_timeout, stop_timeout=stop_timeout)
 
     def argv(self, port: int) -> list[str]:
+        """The blob service only, on loopback, in memory: nothing outlives the test."""
         return [
             str(blob_binary()),
             *("--blobHost", "127.0.0.1", "--blobPort", str(port)),
@@ -109,14 +112,17 @@ class AzuriteServer(LocalProcess):
         ]
 
     def ready_url(self) -> str:
+        """The account's container listing: answers once the service accepts requests."""
         return f"http://127.0.0.1:{self.port}/{ACCOUNT}?comp=list"
 
     def start(self) -> None:
+        """Install Azurite if needed, then start it (see :class:`~testbed.servers.service.LocalProcess`)."""
         ensure_azurite()
         super().start()
 
     @property
     def endpoint(self) -> str:
+        """The account URL a model's ``parameters.endpoint`` names; raises when the server is not running."""
         if not self.port:
             raise AzuriteError("azurite is not running: call start() first")
         return f"http://127.0.0.1:{self.port}/{ACCOUNT}"

@@ -38,6 +38,7 @@ class FakeGcsError(Exception):
 
 
 def binary_path() -> Path:
+    """Where the built fake-gcs-server binary is cached, per version."""
     return cp.cache_root() / "fake-gcs-server" / FAKE_GCS_VERSION / "fake-gcs-server"
 
 
@@ -53,6 +54,7 @@ class FakeGcsServer(LocalProcess):
     error = FakeGcsError
 
     def argv(self, port: int) -> list[str]:
+        """The server on loopback with an in-memory backend, its public URLs pointing at itself."""
         return [
             str(binary_path()),
             *("-scheme", "http", "-host", "127.0.0.1", "-port", str(port), "-backend", "memory"),
@@ -61,9 +63,11 @@ class FakeGcsServer(LocalProcess):
         ]
 
     def ready_url(self) -> str:
+        """The bucket listing: answers once the server accepts requests."""
         return f"http://127.0.0.1:{self.port}/storage/v1/b"
 
     def start(self) -> None:
+        """Build fake-gcs-server if needed, then start it."""
         try:
             build_fake_gcs()
         except cp.ControlPlaneError as exc:
@@ -72,6 +76,7 @@ class FakeGcsServer(LocalProcess):
 
     @property
     def endpoint(self) -> str:
+        """The URL a model's ``parameters.endpoint`` names; raises when the server is not running."""
         if not self.port:
             raise FakeGcsError("fake-gcs-server is not running: call start() first")
         return f"http://127.0.0.1:{self.port}"

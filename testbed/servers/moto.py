@@ -64,6 +64,8 @@ class MotoError(Exception):
 
 @dataclass(frozen=True)
 class MotoRequest:
+    """One request as moto's access log recorded it: what the server really served."""
+
     method: str
     path: str
     status: int
@@ -83,16 +85,19 @@ class MotoServer(ManagedService):
 
     @property
     def endpoint(self) -> str:
+        """The URL a model's ``parameters.endpoint`` names; raises when the server is not running."""
         if not self.port:
             raise MotoError("the moto server is not running: call start() first")
         return f"http://127.0.0.1:{self.port}"
 
     @property
     def log_path(self) -> Path:
+        """moto's output, where its access log (read by :meth:`requests`) and start-up errors go."""
         return self.state_dir / "moto.log"
 
     @property
     def running(self) -> bool:
+        """Whether the server was started and has not exited."""
         return self._proc is not None and self._proc.poll() is None
 
     # -- lifecycle
@@ -184,6 +189,7 @@ class MotoServer(ManagedService):
                 return
 
     def requests(self, since: int = 0) -> list[MotoRequest]:
+        """The requests served since log offset ``since`` (0: since start), parsed from the access log."""
         records = []
         for line in _ANSI.sub("", self._log_since(since)).splitlines():
             m = _ACCESS.search(line)
