@@ -49,6 +49,7 @@ from model_agent.agent.ownership import (
 )
 from model_agent.agent.removal import Candidate, Remover
 from model_agent.agent.requeue import Requeue
+from model_agent.agent.shared_root import SharedRoots
 from model_agent.kube.client import ApiError, ApiUnavailable, KubeClient
 from model_agent.kube.resources import MODEL_RESOURCES
 from model_agent.local.inventory import delete_discarded, discard
@@ -142,6 +143,8 @@ class Context:
     download_limits: DownloadLimits = field(default_factory=DownloadLimits)
     # --max-failed-per-namespace: Failed entries and labels one namespace may show here (agent/failed_quota.py).
     max_failed_per_namespace: int = DEFAULT_FAILED_PER_NAMESPACE
+    # Shared models roots (agent/shared_root.py): one fetch for the cluster; None: every root is private.
+    shared_roots: SharedRoots | None = None
 
 
 def _store_key(ref: ModelRef) -> str:
@@ -281,6 +284,9 @@ class Reconciler:
     async def _candidate(self, ref: ModelRef, manifest: Manifest | None, obj: ModelObject | None, why: str) -> None:
         has_label = ref.label_key in self.ctx.labels.model_labels()
         has_entry = ref.configmap_key in self.ctx.configmap.data()
+        shared = self.ctx.shared_roots
+        if shared is not None and shared.peers_record(manifest, obj is not None and not obj.deleting):
+            manifest = None  # a shared root's record of a live model: the peers', not this node's to remove
         if manifest is None and not has_label and not has_entry and self.ctx.fetcher.job(ref.key) is None:
             if self.crash_records.get(ref.key) is not None:  # its attempt record outlived everything else
                 await asyncio.to_thread(self.crash_records.forget, ref.key)
@@ -454,9 +460,18 @@ class Reconciler:
                 ctx.requeue_after(ref.key, max(0.0, remaining))
             return
         await self._publish_state(ref, obj, ModelState.UPDATING, progress=Progress(phase="scanning"))
-        submitted = await ctx.fetcher.submit(
-            ref.key, target.id, lambda job: self._fetch(job, ref, obj, target, manifest, superseded)
-        )
+        shared = ctx.shared_roots
+
+        async def body(job: Job) -> None:
+            async def fetch() -> None:
+                await self._fetch(job, ref, obj, target, manifest, superseded)
+
+            if shared is None:
+                await fetch()
+            else:  # a shared root: one node fetches for all, the others adopt its publication
+                await shared.fetch_once(job, ref.key, target.storage_uri, target.dest, target.root, fetch)
+
+        submitted = await ctx.fetcher.submit(ref.key, target.id, body)
         if not submitted:
             raise Requeue("the fetcher is stopping")
 

@@ -33,6 +33,7 @@ Each decision is counted (``model_agent_delete_confirmations{outcome}``) and eac
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import shutil
 from collections.abc import Callable, Iterable
@@ -48,6 +49,7 @@ from model_agent.agent.fetcher import Fetcher
 from model_agent.agent.node_configmap import NodeConfigMap
 from model_agent.agent.node_labels import NodeLabels
 from model_agent.agent.requeue import Requeue
+from model_agent.agent.shared_root import FULL, RemovalPlan, SharedRoots, confirmed_gone
 from model_agent.kube.client import ApiError, ApiUnavailable, KubeClient
 from model_agent.kube.resources import NODES
 from model_agent.local.layout import Layout, PathRefused, token_for
@@ -96,6 +98,8 @@ class RemovalContext:
     repair_cache: Callable[[dict[str, Any], float | None], None] = lambda _obj, _read_at: None
     # Coalesces storms into one LIST per kind; None: one GET per candidate.
     confirmer: Confirmer | None = None
+    # Shared models roots (agent/shared_root.py): which steps this node may take; None: every root is private.
+    shared_roots: SharedRoots | None = None
 
 
 class Remover:
@@ -166,7 +170,12 @@ class Remover:
             raise Requeue("delete breaker open", decision.delay_s)
         if decision.verdict == Verdict.WAIT:
             raise Requeue("settling", decision.delay_s)
-        await self._act(candidate, confirmation)
+        # A shared root: a deselected node drops only its label and entry; files move once, by one node.
+        shared, dest = ctx.shared_roots, candidate.manifest.dest if candidate.manifest is not None else None
+        gone = confirmed_gone(confirmation.outcome, confirmation.live, candidate.manifest)
+        turn = shared.removal_turn(ref.key, dest, gone) if shared is not None else contextlib.nullcontext(FULL)
+        async with turn as plan:
+            await self._act(candidate, confirmation, plan)
         ctx.breaker.record(ref.key)
         return True
 
@@ -339,7 +348,7 @@ class Remover:
         for root in self.ctx.layout.roots:
             shutil.rmtree(root.staging / token_for(key), ignore_errors=True)
 
-    async def _act(self, candidate: Candidate, confirmation: Confirmation) -> None:
+    async def _act(self, candidate: Candidate, confirmation: Confirmation, plan: RemovalPlan = FULL) -> None:
         ctx = self.ctx
         ref = candidate.ref
         live_uid = str(((confirmation.live or {}).get("metadata") or {}).get("uid") or "")
@@ -356,7 +365,7 @@ class Remover:
         if self._recreated_in_cache(ref, known_uids - {""}):  # the cancel awaited: look once more
             self._back_off_for_a_successor(ref)
         # 1. The intent: from here on a restart finds this removal decided, and completes it once confirmed again.
-        if on_disk is not None and not on_disk.removing:
+        if on_disk is not None and not on_disk.removing and plan.write_intent:
             on_disk.removing = candidate.why or "removal"
             await asyncio.to_thread(ctx.manifests.save, on_disk, ctx.layout.record_root(Path(on_disk.dest)))
         # 2., 3. Label, then entry. A truncated label or ConfigMap key can be shared with (or read back from)
@@ -369,7 +378,9 @@ class Remover:
         # 4. The weights, only now that nothing advertises them.
         kept = ""
         if manifest is not None and manifest.owned:
-            if self._reserved(candidate, confirmation, manifest):
+            if not plan.move_files:
+                kept = plan.why_kept
+            elif self._reserved(candidate, confirmation, manifest):
                 kept = " (weights kept: reserve-model-artifact)"
             elif self._needed_elsewhere(ref, Path(manifest.dest)):
                 kept = " (weights kept: another live model uses this path or one inside it)"
@@ -384,9 +395,11 @@ class Remover:
                         f"label and entry removed from node {ctx.node_name}, weights not moved yet: {exc.why}",
                     )
                     raise
-        await asyncio.to_thread(self._remove_staging, ref.key)
+        if plan.remove_staging:
+            await asyncio.to_thread(self._remove_staging, ref.key)
         # 5. The record, last.
-        await asyncio.to_thread(ctx.manifests.delete, ref.key)
+        if plan.delete_record:
+            await asyncio.to_thread(ctx.manifests.delete, ref.key)
         self._last_reserved.difference_update((ref.key, uid) for uid in known_uids)
         ctx.events.emit(
             self._ref_for_event(ref, candidate, confirmation),

@@ -72,6 +72,8 @@ class Settings(BaseSettings):
     # fleet-wide origin protection (0: no limit, and no cluster-wide resolve records)
     max_concurrent_origin_fetches: int = 0
     origin_lease_s: int = 30
+    # the models root is mounted on many nodes: one fetch for all, no node removes files others serve
+    shared_root: bool = False
 
     # drift and load
     resync_interval_s: float = 300.0

@@ -91,6 +91,9 @@ def run(
         int | None, Opt(help="Nodes fetching the same model at once, fleet-wide, via Leases (0: no limit).")
     ] = None,
     origin_lease_seconds: Annotated[int | None, Opt(help="Duration of an origin slot Lease (30).")] = None,
+    shared_root: Annotated[
+        bool | None, Opt(help="The models root is shared by many nodes (also detected by node markers).")
+    ] = None,
     trusted_namespace: Annotated[
         list[str] | None,
         Opt(help="Namespace whose BaseModels may use the node's identity and HF_TOKEN, any endpoint (repeatable)."),
@@ -143,6 +146,7 @@ def run(
         "api_burst": api_burst,
         "max_concurrent_origin_fetches": max_concurrent_origin_fetches,
         "origin_lease_s": origin_lease_seconds,
+        "shared_root": shared_root,
         "trusted_namespaces": trusted_namespace,
         "tenant_endpoint_allow": tenant_endpoint_allow,
         "cluster_cidrs": cluster_cidr,

@@ -24,6 +24,7 @@ import dataclasses
 import hashlib
 import json
 import os
+import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -133,7 +134,8 @@ def fsync_dir(path: Path) -> None:
 
 def write_atomic(path: Path, data: bytes) -> None:
     """Replace ``path`` with ``data`` so a reader (or a restart) sees the old bytes or the new, never a mix."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    # The host name too: on a models root shared by many nodes, each node's agent may well be pid 1.
+    tmp = path.with_name(f".{path.name}.{socket.gethostname()}.{os.getpid()}.tmp")
     with tmp.open("wb") as fh:
         fh.write(data)
         fh.flush()

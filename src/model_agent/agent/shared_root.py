@@ -1,0 +1,441 @@
+"""Shared model roots: one fetch per model and destination for the cluster, and no node takes files away.
+
+Role: where one filesystem (NFS, GPFS, Lustre, CephFS, EFS, ...) serves the models root of many nodes, every
+node's agent sees the same weights, staging areas and trash. A root is *shared* when ``--shared-root`` says
+so or a marker of another node is in its private area (:mod:`model_agent.local.node_markers`). On a shared
+root this module decides, and one actor per decision carries it out:
+
+* **who fetches** (:meth:`SharedRoots.fetch_once`): a Lease per (source, destination) in the agent's
+  namespace (the origin-slot Lease mechanics of :mod:`model_agent.agent.origin_slots`, one slot) picks the one
+  node that fetches. It fetches into the staging area on the shared root, so a holder killed mid-way leaves
+  its part map there and the node that takes the Lease over once it expired resumes from it. After publishing,
+  the holder writes a *publication record* (``<root>/.model-agent/shared/<token>.json``: the manifest's text,
+  its SHA-256, the node, the time). Every other node shows ``Updating`` with phase ``waiting-for-peer`` and
+  adopts the published manifest without downloading and without re-hashing the files: the record's checksum
+  must match the manifest's text, the manifest must name the wanted source and destination, and every file
+  must have the recorded size and mtime (the full re-hash stays with ``verify``);
+* **what a removal may touch** (:meth:`SharedRoots.removal_turn`, :func:`removal_plan`): a node whose
+  selection no longer matches a live model drops only its own label and ConfigMap entry — never the files,
+  the staging area or a shared record. Files go to the trash only when the model is confirmed gone (the one
+  destructive path, :mod:`model_agent.agent.removal`, still confirms, asks the breaker and acts in order),
+  and only by the node that holds the model's trash Lease: once, by one node; another node meanwhile
+  requeues and finds nothing left to move;
+* **who purges** (:meth:`SharedRoots.as_purge_owner`): the holder of the root's purge Lease, one at a time.
+
+Contract: every method answers "not shared" quickly for a private root (no API call, one directory listing
+at most every :data:`VERDICT_TTL_S`); a root once seen shared stays shared for the life of the process.
+Destructive decisions re-read the markers (``fresh``). A Lease that cannot be read or written counts as held
+by another node (wait, never proceed alone). The decisions are pure functions, table-tested.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import json
+import os
+import random
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from enum import StrEnum
+from pathlib import Path
+from typing import Any, TypeVar
+
+import structlog
+
+from model_agent.agent.confirm import Outcome
+from model_agent.agent.origin_slots import OriginSlots
+from model_agent.agent.requeue import Requeue
+from model_agent.kube.client import KubeClient
+from model_agent.local.layout import Layout, Root, token_for
+from model_agent.local.manifest import Manifest, ManifestStore, fsync_dir
+from model_agent.local.node_markers import (
+    NETWORK_FS_TYPES,
+    SharedVerdict,
+    decide_shared,
+    fs_type,
+    read_markers,
+    write_marker,
+)
+from model_agent.sources.base import Progress
+
+log = structlog.get_logger(__name__)
+
+T = TypeVar("T")
+
+WAITING_FOR_PEER = "waiting-for-peer"
+PUBLISHED_DIR = "shared"
+VERDICT_TTL_S = 5.0
+# A waiting node looks for the publication (a file read) and tries the Lease this often, jittered.
+WAIT_POLL_S = 1.0
+
+
+class FetchTurn(StrEnum):
+    """What a node does with a fetch the reconciler asked for."""
+
+    ALONE = "alone"  # a private root: fetch as always
+    ADOPT = "adopt"  # a peer published this target: take its manifest, download nothing
+    FETCH = "fetch"  # this node holds the target's Lease: fetch (resuming the shared part map), publish
+    WAIT = "wait"  # another node holds the Lease: show waiting-for-peer and look again
+
+
+def fetch_turn(shared: bool, published: bool, holds_lease: bool) -> FetchTurn:
+    """The turn of one node for one target (``published``: a valid publication of exactly this target)."""
+    if not shared:
+        return FetchTurn.ALONE
+    if published:
+        return FetchTurn.ADOPT
+    return FetchTurn.FETCH if holds_lease else FetchTurn.WAIT
+
+
+@dataclass(frozen=True)
+class RemovalPlan:
+    """Which steps of a removal this node may carry out (label and entry are always its own to drop)."""
+
+    write_intent: bool = True  # record ``removing`` in the manifest
+    move_files: bool = True  # quarantine owned weights into the trash
+    remove_staging: bool = True  # delete the key's staging area
+    delete_record: bool = True  # delete the manifest
+    why_kept: str = ""  # shown in the Removed Event when the files stay
+
+
+FULL = RemovalPlan()
+
+
+def removal_plan(shared: bool, gone: bool, holds_turn: bool, records_shared: bool) -> RemovalPlan | None:
+    """The steps of a removal on this node; None: another node is moving the files now (requeue).
+
+    ``gone``: the model is confirmed gone (not merely no longer selecting this node); ``records_shared``: the
+    manifests live on the shared root too (no ``--state-dir``), so the record is the peers' as well.
+    """
+    if not shared:
+        return FULL
+    own_record_only = not records_shared  # a --state-dir record is this node's alone: drop it with the label
+    if not gone:
+        return RemovalPlan(
+            write_intent=False,
+            move_files=False,
+            remove_staging=False,
+            delete_record=own_record_only,
+            why_kept=" (weights kept: shared root, other nodes may serve them)",
+        )
+    if not holds_turn:
+        return None
+    return FULL
+
+
+def confirmed_gone(outcome: Outcome, live: dict[str, Any] | None, manifest: Manifest | None) -> bool:
+    """Is the model whose removal was confirmed really gone, rather than no longer selecting this node?
+
+    Gone: NotFound, being deleted, or re-created with another UID that wants other files. Not gone: the same
+    object alive (its selection left this node), or a successor naming the same source and directory (its
+    weights are these, and other nodes may serve them).
+    """
+    if outcome == Outcome.ALIVE_SAME_UID:
+        return False
+    if outcome == Outcome.RECREATED_NEW_UID and manifest is not None:
+        storage = ((live or {}).get("spec") or {}).get("storage") or {}
+        path = storage.get("path")
+        same_dir = isinstance(path, str) and bool(path) and os.path.realpath(path) == os.path.realpath(manifest.dest)
+        if storage.get("storageUri") == manifest.storage_uri and same_dir:
+            return False
+    return True
+
+
+def purge_allowed(shared: bool, holds_lease: bool) -> bool:
+    """A private root's trash is this node's; a shared root's is purged by the purge Lease's holder only."""
+    return not shared or holds_lease
+
+
+def publication_bytes(manifest_text: str, node: str, now: float) -> bytes:
+    """A publication record: the manifest's own text and its checksum, who published it and when."""
+    digest = hashlib.sha256(manifest_text.encode()).hexdigest()
+    body = {"manifest": manifest_text, "sha256": digest, "node": node, "publishedAt": now}
+    return json.dumps(body, sort_keys=True).encode()
+
+
+def check_publication(data: bytes, storage_uri: str, dest: Path) -> tuple[Manifest | None, str]:
+    """The published manifest if it may be adopted for (``storage_uri``, ``dest``), else (None, why not).
+
+    Adoptable: the record parses, its checksum matches the manifest's text, the manifest names this source
+    and destination, is not being removed, and every file has the recorded size and mtime (stat only).
+    """
+    try:
+        record = json.loads(data)
+        text = str(record["manifest"])
+        claimed = str(record["sha256"])
+    except (ValueError, KeyError, TypeError):
+        return None, "unreadable publication record"
+    if hashlib.sha256(text.encode()).hexdigest() != claimed:
+        return None, "publication checksum mismatch"
+    try:
+        manifest = Manifest.from_json(text)
+    except (ValueError, TypeError, KeyError):
+        return None, "unreadable published manifest"
+    if not _names_target(manifest, storage_uri, dest):
+        return None, "published for another source or destination"
+    if manifest.removing:
+        return None, "being removed"
+    if not manifest.files:
+        return None, "no files recorded"
+    problems = manifest.fast_check()
+    if problems:
+        return None, f"files changed since publication: {problems[0]}"
+    return manifest, ""
+
+
+def _names_target(manifest: Manifest, storage_uri: str, dest: Path) -> bool:
+    return manifest.storage_uri == storage_uri and (
+        Path(manifest.dest) == dest or Path(os.path.realpath(manifest.dest)) == dest
+    )
+
+
+class _Busy(Exception):
+    """Raised through :meth:`OriginSlots.hold`'s ``on_wait``: the Lease is another node's (try once, never wait)."""
+
+
+def _busy() -> None:
+    raise _Busy
+
+
+@dataclass
+class _RootState:
+    verdict: SharedVerdict
+    checked: float
+    fs_type: str
+    marker_error: str = ""
+
+
+class SharedRoots:
+    """The shared-root rules of one agent (see the module contract)."""
+
+    def __init__(
+        self,
+        client: KubeClient,
+        namespace: str,
+        node: str,
+        layout: Layout,
+        manifests: ManifestStore,
+        *,
+        forced: bool = False,
+        lease_s: int = 30,
+        requeue: Callable[[str], None] = lambda _key: None,
+        poll_s: float = WAIT_POLL_S,
+    ) -> None:
+        self._node = node
+        self._layout = layout
+        self._manifests = manifests
+        self._forced = forced
+        self._requeue = requeue
+        self.poll_s = poll_s
+        self._leases = OriginSlots(client, namespace, node, 1, lease_s=lease_s, poll_s=poll_s)
+        self._roots: dict[Path, _RootState] = {}
+        self._rng = random.Random()
+
+    # ----------------------------------------------------------------------------------- detection
+
+    def mark(self) -> None:
+        """Leave this node's marker in every root (start-up); a root that refuses it is reported, not fatal."""
+        for root in self._layout.roots:
+            error = ""
+            try:
+                write_marker(root.private, self._node)
+            except (OSError, ValueError) as exc:
+                error = str(exc)
+                log.warning(
+                    "node marker not written; shared-root detection relies on --shared-root",
+                    root=str(root.path),
+                    error=error,
+                )
+            self._roots[root.path] = _RootState(self._scan(root), time.monotonic(), fs_type(root.path), error)
+            state = self._roots[root.path]
+            if state.verdict.shared:
+                log.info("models root is shared", root=str(root.path), why=state.verdict.why, fs_type=state.fs_type)
+
+    def _scan(self, root: Root) -> SharedVerdict:
+        nodes, _ = read_markers(root.private)
+        return decide_shared(self._forced, self._node, nodes)
+
+    def verdict(self, root: Root, *, fresh: bool = False) -> SharedVerdict:
+        """Whether ``root`` is shared; re-read at most every :data:`VERDICT_TTL_S` unless ``fresh``; sticky."""
+        state = self._roots.get(root.path)
+        now = time.monotonic()
+        if state is not None and state.verdict.shared and not fresh:
+            return state.verdict
+        if state is None or fresh or now - state.checked >= VERDICT_TTL_S:
+            verdict = self._scan(root)
+            if state is not None and state.verdict.shared and not verdict.shared:
+                verdict = state.verdict  # sticky: markers are never taken back
+            if state is None:
+                state = _RootState(verdict, now, fs_type(root.path))
+                self._roots[root.path] = state
+            elif verdict.shared and not state.verdict.shared:
+                log.info("models root is shared", root=str(root.path), why=verdict.why)
+            state.verdict, state.checked = verdict, now
+        return state.verdict
+
+    def shared_for(self, dest: str | Path | None, *, fresh: bool = False) -> tuple[bool, Root]:
+        """(is the root of ``dest`` shared, that root); the primary root when ``dest`` is unknown."""
+        root = self._layout.record_root(Path(dest)) if dest else self._layout.primary
+        return self.verdict(root, fresh=fresh).shared, root
+
+    def peers_record(self, manifest: Manifest | None, alive: bool) -> bool:
+        """Is ``manifest`` a shared record of a live model that this node no longer serves (the peers' record)?
+
+        Then it is not this node's to remove: the reconciler sees no local record, and only the node's own label
+        and entry (if any) go through the destructive path.
+        """
+        if manifest is None or not alive:
+            return False
+        shared, root = self.shared_for(manifest.dest)
+        return shared and root.state is None
+
+    def status(self) -> list[dict[str, Any]]:
+        """Each root's verdict for ``/status``: shared or not and why, the peers seen, the filesystem type."""
+        out = []
+        for root in self._layout.roots:
+            verdict = self.verdict(root)
+            state = self._roots[root.path]
+            out.append(
+                {
+                    "root": str(root.path),
+                    "shared": verdict.shared,
+                    "why": verdict.why,
+                    "peers": list(verdict.peers[:50]),
+                    "fsType": state.fs_type,
+                    "networkFs": state.fs_type.split(".")[0] in NETWORK_FS_TYPES or state.fs_type.startswith("fuse."),
+                    "markerError": state.marker_error,
+                }
+            )
+        return out
+
+    # ----------------------------------------------------------------------------------- leases
+
+    @contextlib.asynccontextmanager
+    async def _try_hold(self, name: str) -> AsyncIterator[bool]:
+        """Hold the Lease ``name`` for the block if it is free (True) — renewed meanwhile — else False at once."""
+        async with contextlib.AsyncExitStack() as stack:
+            try:
+                await stack.enter_async_context(self._leases.hold(name, _busy))
+            except _Busy:
+                yield False
+                return
+            yield True
+
+    # ----------------------------------------------------------------------------------- fetching
+
+    def _publication_path(self, root: Root, storage_uri: str, dest: Path) -> Path:
+        return root.private / PUBLISHED_DIR / f"{token_for(f'{storage_uri}|{dest}')}.json"
+
+    def _adoptable(self, key: str, storage_uri: str, dest: Path, root: Root) -> bool:
+        """Whether a peer's (or an earlier) publication of this target can be taken as it is; saves it if needed."""
+        current = self._manifests.load(key)
+        if (
+            current is not None
+            and _names_target(current, storage_uri, dest)
+            and current.files
+            and not current.removing
+            and not current.fast_check()
+        ):
+            return True  # the shared record already says so: the reconciler publishes Ready from it
+        try:
+            data = self._publication_path(root, storage_uri, dest).read_bytes()
+        except OSError:
+            return False
+        manifest, why = check_publication(data, storage_uri, dest)
+        if manifest is None:
+            log.debug("publication not adoptable", key=key, why=why)
+            return False
+        manifest.key = key
+        self._manifests.save(manifest, root)
+        return True
+
+    def _publish(self, key: str, storage_uri: str, dest: Path, root: Root) -> None:
+        manifest = self._manifests.load(key)
+        if manifest is None or not _names_target(manifest, storage_uri, dest):
+            return
+        path = self._publication_path(root, storage_uri, dest)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{self._node}.{os.getpid()}.tmp")
+        with tmp.open("wb") as fh:
+            fh.write(publication_bytes(manifest.to_json(), self._node, time.time()))
+            fh.flush()
+            os.fsync(fh.fileno())
+        tmp.replace(path)
+        fsync_dir(path.parent)
+
+    async def fetch_once(
+        self,
+        job: Any,
+        key: str,
+        storage_uri: str,
+        dest: Path,
+        root: Root,
+        fetch: Callable[[], Awaitable[None]],
+    ) -> None:
+        """Run ``fetch`` here only if this node is the one to fetch ``(storage_uri, dest)`` for the cluster.
+
+        A private root: ``fetch`` runs as always. A shared root: adopt a valid publication, or take the target's
+        Lease and fetch (then publish), or show ``waiting-for-peer`` (``job.progress``; the key is requeued so
+        the entry says so) and look again. Returns when the target is published (by anyone); the reconciler
+        then finds the manifest and publishes Ready.
+        """
+        if not self.verdict(root, fresh=True).shared:
+            await fetch()
+            return
+        lease = f"shared-fetch|{storage_uri}|{dest}"
+        shown = False
+        while True:
+            published = await asyncio.to_thread(self._adoptable, key, storage_uri, dest, root)
+            if fetch_turn(True, published, False) == FetchTurn.ADOPT:
+                log.info("adopted a peer's publication without downloading", key=key, dest=str(dest))
+                return
+            async with self._try_hold(lease) as holding:
+                if holding:  # a holder may have published between the look and the Lease
+                    published = await asyncio.to_thread(self._adoptable, key, storage_uri, dest, root)
+                turn = fetch_turn(True, published, holding)
+                if turn == FetchTurn.ADOPT:
+                    return
+                if turn == FetchTurn.FETCH:
+                    log.info("fetching for the nodes sharing this root", key=key, dest=str(dest))
+                    await fetch()
+                    await asyncio.to_thread(self._publish, key, storage_uri, dest, root)
+                    return
+            if not shown:
+                job.progress = Progress(phase=WAITING_FOR_PEER)
+                self._requeue(key)  # the reconciler writes Updating with this phase
+                shown = True
+            await asyncio.sleep(self.poll_s * (0.5 + self._rng.random()))
+
+    # ----------------------------------------------------------------------------------- removal, purge
+
+    @contextlib.asynccontextmanager
+    async def removal_turn(self, key: str, dest: str | None, gone: bool) -> AsyncIterator[RemovalPlan]:
+        """The plan of one removal on this node, holding the model's trash Lease for a shared root's files.
+
+        Raises :class:`Requeue` while another node holds that Lease (it is moving the files now).
+        """
+        shared, root = self.shared_for(dest, fresh=True)
+        records_shared = root.state is None
+        if not shared or not gone:
+            plan = removal_plan(shared, gone, False, records_shared)
+            assert plan is not None
+            yield plan
+            return
+        async with self._try_hold(f"shared-trash|{key}") as holding:
+            plan = removal_plan(True, True, holding, records_shared)
+            if plan is None:
+                raise Requeue("another node is moving the shared copy to the trash", 2.0)
+            yield plan
+
+    async def as_purge_owner(self, purge: Callable[[], Awaitable[list[T]]]) -> list[T]:
+        """Run ``purge`` if this node may purge now: always on private roots; the purge Lease's holder on shared."""
+        shared = any(self.verdict(root, fresh=True).shared for root in self._layout.roots)
+        if not shared:
+            return await purge()
+        async with self._try_hold(f"shared-purge|{self._layout.primary.path}") as holding:
+            if not purge_allowed(True, holding):
+                return []
+            return await purge()

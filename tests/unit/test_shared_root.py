@@ -1,0 +1,326 @@
+"""Unit tests for shared model roots: the decisions as tables, and the coordinator over one in-memory Lease API.
+
+:class:`LeaseApi` is a tiny stateful stand-in for the API server's Lease endpoints (create, get, update with
+resourceVersion), shared by several :class:`SharedRoots` that play nodes over one directory. Every wait has a
+deadline.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from model_agent.agent.confirm import Outcome
+from model_agent.agent.requeue import Requeue
+from model_agent.agent.shared_root import (
+    FULL,
+    WAITING_FOR_PEER,
+    FetchTurn,
+    RemovalPlan,
+    SharedRoots,
+    check_publication,
+    confirmed_gone,
+    fetch_turn,
+    publication_bytes,
+    purge_allowed,
+    removal_plan,
+)
+from model_agent.kube.client import ApiError
+from model_agent.local.layout import Layout
+from model_agent.local.manifest import FileRecord, Manifest, ManifestStore
+from model_agent.sources.base import Progress
+
+DEADLINE_S = 5.0
+URI = "hf://org/model"
+KEY = "ClusterBaseModel//m1"
+
+# ------------------------------------------------------------------------------------------ decisions
+
+
+@pytest.mark.parametrize(
+    ("shared", "published", "holds", "turn"),
+    [
+        (False, False, False, FetchTurn.ALONE),
+        (False, True, True, FetchTurn.ALONE),  # a private root never looks at peers
+        (True, True, False, FetchTurn.ADOPT),
+        (True, True, True, FetchTurn.ADOPT),  # published between the look and the Lease: no second fetch
+        (True, False, True, FetchTurn.FETCH),
+        (True, False, False, FetchTurn.WAIT),
+    ],
+)
+def test_fetch_turn(shared: bool, published: bool, holds: bool, turn: FetchTurn) -> None:
+    assert fetch_turn(shared, published, holds) == turn
+
+
+KEEP_SHARED = RemovalPlan(False, False, False, False, " (weights kept: shared root, other nodes may serve them)")
+KEEP_OWN_RECORD = RemovalPlan(False, False, False, True, " (weights kept: shared root, other nodes may serve them)")
+
+
+@pytest.mark.parametrize(
+    ("shared", "gone", "holds", "records_shared", "plan"),
+    [
+        (False, True, False, True, FULL),  # a private root: the removal as always
+        (False, False, False, True, FULL),
+        (True, False, False, True, KEEP_SHARED),  # deselected: label and entry only
+        (True, False, True, True, KEEP_SHARED),
+        (True, False, False, False, KEEP_OWN_RECORD),  # a --state-dir record is this node's own
+        (True, True, True, True, FULL),  # gone, trash Lease held: files to the trash, once
+        (True, True, False, True, None),  # gone, another node moves the files now: requeue
+        (True, True, False, False, None),
+    ],
+)
+def test_removal_plan(shared: bool, gone: bool, holds: bool, records_shared: bool, plan: RemovalPlan | None) -> None:
+    assert removal_plan(shared, gone, holds, records_shared) == plan
+
+
+@pytest.mark.parametrize(
+    ("shared", "holds", "allowed"),
+    [(False, False, True), (False, True, True), (True, True, True), (True, False, False)],
+)
+def test_purge_has_one_owner_on_a_shared_root(shared: bool, holds: bool, allowed: bool) -> None:
+    assert purge_allowed(shared, holds) is allowed
+
+
+def _live(uri: str, path: str) -> dict[str, Any]:
+    return {"metadata": {"uid": "u2"}, "spec": {"storage": {"storageUri": uri, "path": path}}}
+
+
+@pytest.mark.parametrize(
+    ("outcome", "live", "gone"),
+    [
+        (Outcome.CONFIRMED_GONE, None, True),
+        (Outcome.DELETING, _live(URI, "/m/a"), True),
+        (Outcome.ALIVE_SAME_UID, _live(URI, "/m/a"), False),  # only the selection moved
+        (Outcome.RECREATED_NEW_UID, _live(URI, "/m/a"), False),  # a successor wants these very files
+        (Outcome.RECREATED_NEW_UID, _live(URI, "/m/a/"), False),  # the same directory spelled differently
+        (Outcome.RECREATED_NEW_UID, _live("hf://org/other", "/m/a"), True),
+        (Outcome.RECREATED_NEW_UID, _live(URI, "/m/b"), True),
+    ],
+)
+def test_confirmed_gone(outcome: Outcome, live: dict[str, Any] | None, gone: bool) -> None:
+    manifest = Manifest(key=KEY, uid="u1", storage_uri=URI, dest="/m/a")
+    assert confirmed_gone(outcome, live, manifest) is gone
+
+
+# ------------------------------------------------------------------------------------------ publications
+
+
+def _published(dest: Path, **changes: Any) -> Manifest:
+    dest.mkdir(parents=True, exist_ok=True)
+    (dest / "w.bin").write_bytes(b"weights")
+    st = (dest / "w.bin").stat()
+    manifest = Manifest(
+        key=KEY,
+        uid="u1",
+        storage_uri=URI,
+        dest=str(dest),
+        files=[FileRecord("w.bin", st.st_size, "ab" * 32, None, st.st_mtime_ns)],
+    )
+    for name, value in changes.items():
+        setattr(manifest, name, value)
+    return manifest
+
+
+def test_a_valid_publication_is_adopted(tmp_path: Path) -> None:
+    manifest = _published(tmp_path / "m")
+    adopted, why = check_publication(publication_bytes(manifest.to_json(), "n1", 1.0), URI, tmp_path / "m")
+    assert why == ""
+    assert adopted is not None and adopted.files == manifest.files
+
+
+def test_publications_that_are_not_adopted(tmp_path: Path) -> None:
+    dest = tmp_path / "m"
+    manifest = _published(dest)
+    good = publication_bytes(manifest.to_json(), "n1", 1.0)
+    record = json.loads(good)
+    record["manifest"] = record["manifest"].replace('"uid": "u1"', '"uid": "u9"')  # text changed, checksum not
+    cases = {
+        b"{": "unreadable publication record",
+        json.dumps(record).encode(): "publication checksum mismatch",
+    }
+    for data, why in cases.items():
+        assert check_publication(data, URI, dest) == (None, why)
+    assert check_publication(good, "hf://org/other", dest)[1] == "published for another source or destination"
+    assert check_publication(good, URI, tmp_path / "elsewhere")[1] == "published for another source or destination"
+    removing = publication_bytes(_published(dest, removing="deleted").to_json(), "n1", 1.0)
+    assert check_publication(removing, URI, dest)[1] == "being removed"
+    (dest / "w.bin").write_bytes(b"changed!")  # size differs: stat alone tells
+    problem = check_publication(good, URI, dest)[1]
+    assert problem.startswith("files changed since publication")
+
+
+# ------------------------------------------------------------------------------------------ the coordinator
+
+
+class LeaseApi:
+    """Leases in memory: GET, POST (409 if it exists), PUT (409 on a stale resourceVersion)."""
+
+    def __init__(self) -> None:
+        self.leases: dict[str, dict[str, Any]] = {}
+        self.version = 0
+        self.puts: list[str] = []
+
+    async def request(self, method: str, path: str, body: Any = None, **_kw: Any) -> Any:
+        await asyncio.sleep(0)
+        if method == "POST":
+            name = body["metadata"]["name"]
+            if name in self.leases:
+                raise ApiError(409, {"reason": "AlreadyExists"}, method, path)
+            return self._store(name, body)
+        name = path.rsplit("/", 1)[1]
+        current = self.leases.get(name)
+        if current is None:
+            raise ApiError(404, {"reason": "NotFound", "details": {"name": name}}, method, path)
+        if method == "GET":
+            return json.loads(json.dumps(current))
+        if method == "PUT":
+            if body["metadata"].get("resourceVersion") != current["metadata"]["resourceVersion"]:
+                raise ApiError(409, {"reason": "Conflict"}, method, path)
+            self.puts.append(body["spec"].get("holderIdentity", ""))
+            return self._store(name, body)
+        raise AssertionError(method)
+
+    def _store(self, name: str, body: dict[str, Any]) -> dict[str, Any]:
+        self.version += 1
+        stored: dict[str, Any] = json.loads(json.dumps(body))
+        stored["metadata"]["resourceVersion"] = str(self.version)
+        self.leases[name] = stored
+        answer: dict[str, Any] = json.loads(json.dumps(stored))
+        return answer
+
+
+class FakeJob:
+    def __init__(self) -> None:
+        self.progress = Progress()
+
+
+def node(api: LeaseApi, root: Path, name: str, *, forced: bool = False) -> tuple[SharedRoots, ManifestStore]:
+    layout = Layout(root)
+    layout.ensure()
+    manifests = ManifestStore(layout)
+    shared = SharedRoots(api, "ome", name, layout, manifests, forced=forced, lease_s=30, poll_s=0.01)  # type: ignore[arg-type]
+    shared.mark()
+    return shared, manifests
+
+
+def test_a_second_node_makes_the_root_shared_for_both(tmp_path: Path) -> None:
+    api = LeaseApi()
+    first, _ = node(api, tmp_path, "n1")
+    assert first.status()[0]["shared"] is False
+    second, _ = node(api, tmp_path, "n2")
+    assert second.status()[0]["shared"] is True
+    assert second.status()[0]["peers"] == ["n1"]
+    assert first.verdict(first._layout.primary, fresh=True).shared  # the first node learns it too
+
+
+async def test_one_node_fetches_and_the_others_adopt_without_fetching(tmp_path: Path) -> None:
+    api = LeaseApi()
+    nodes = [node(api, tmp_path, f"n{i}") for i in range(4)]
+    root = nodes[0][0]._layout.primary
+    dest = root.path / "m"
+    fetched: list[str] = []
+    release = asyncio.Event()
+    jobs = [FakeJob() for _ in nodes]
+
+    def fetcher(name: str, manifests: ManifestStore) -> Any:
+        async def fetch() -> None:
+            fetched.append(name)
+            await release.wait()
+            manifests.save(_published(dest), root)
+
+        return fetch
+
+    tasks = [
+        asyncio.create_task(shared.fetch_once(jobs[i], KEY, URI, dest, root, fetcher(f"n{i}", manifests)))
+        for i, (shared, manifests) in enumerate(nodes)
+    ]
+    async with asyncio.timeout(DEADLINE_S):
+        while sum(job.progress.phase == WAITING_FOR_PEER for job in jobs) < 3:
+            await asyncio.sleep(0.01)
+    release.set()
+    async with asyncio.timeout(DEADLINE_S):
+        await asyncio.gather(*tasks)
+    assert len(fetched) == 1  # one fetch for the cluster
+    assert (root.private / "shared").is_dir()  # the holder published
+    assert api.puts[-1] == ""  # and released its Lease
+
+
+async def test_a_dead_holders_lease_expires_and_another_node_fetches(tmp_path: Path) -> None:
+    api = LeaseApi()
+    (a, _), (b, b_manifests) = node(api, tmp_path, "a"), node(api, tmp_path, "b")
+    root = a._layout.primary
+    dest = root.path / "m"
+    started = asyncio.Event()
+
+    async def hangs() -> None:
+        started.set()
+        await asyncio.Event().wait()
+
+    dying = asyncio.create_task(a.fetch_once(FakeJob(), KEY, URI, dest, root, hangs))
+    await asyncio.wait_for(started.wait(), DEADLINE_S)
+    # "SIGKILL": the Lease stays held (never released, never renewed) — its renewTime is in the past.
+    dying.cancel()
+    await asyncio.gather(dying, return_exceptions=True)
+    (lease,) = [lease for lease in api.leases.values() if lease["spec"]["holderIdentity"] == ""]
+    lease["spec"]["holderIdentity"] = "a"  # as a killed holder leaves it
+    lease["spec"]["renewTime"] = "2020-01-01T00:00:00.000000Z"
+
+    async def fetch() -> None:
+        b_manifests.save(_published(dest), root)
+
+    async with asyncio.timeout(DEADLINE_S):
+        await b.fetch_once(FakeJob(), KEY, URI, dest, root, fetch)
+    assert b_manifests.load(KEY) is not None
+
+
+async def test_a_private_root_fetches_without_any_lease(tmp_path: Path) -> None:
+    api = LeaseApi()
+    alone, _ = node(api, tmp_path, "n1")
+    ran: list[bool] = []
+
+    async def fetch() -> None:
+        ran.append(True)
+
+    await alone.fetch_once(FakeJob(), KEY, URI, tmp_path / "m", alone._layout.primary, fetch)
+    assert ran == [True] and api.leases == {}
+
+
+async def test_the_trash_turn_is_one_nodes_at_a_time(tmp_path: Path) -> None:
+    api = LeaseApi()
+    (a, _), (b, _) = node(api, tmp_path, "a"), node(api, tmp_path, "b")
+    dest = str(tmp_path / "m")
+    async with a.removal_turn(KEY, dest, gone=True) as plan:
+        assert plan == FULL
+        with pytest.raises(Requeue):
+            async with b.removal_turn(KEY, dest, gone=True):
+                raise AssertionError("two nodes moving one model's files")
+    async with b.removal_turn(KEY, dest, gone=True) as plan:  # released: the next may (and finds nothing)
+        assert plan == FULL
+    async with b.removal_turn(KEY, dest, gone=False) as plan:
+        assert not plan.move_files and not plan.delete_record
+
+
+async def test_purge_runs_on_one_node_of_a_shared_root(tmp_path: Path) -> None:
+    api = LeaseApi()
+    (a, _), (b, _) = node(api, tmp_path, "a"), node(api, tmp_path, "b")
+    inside = asyncio.Event()
+    leave = asyncio.Event()
+
+    async def slow_purge() -> list[str]:
+        inside.set()
+        await leave.wait()
+        return ["a"]
+
+    async def quick_purge() -> list[str]:
+        return ["b"]
+
+    first = asyncio.create_task(a.as_purge_owner(slow_purge))
+    await asyncio.wait_for(inside.wait(), DEADLINE_S)
+    assert await asyncio.wait_for(b.as_purge_owner(quick_purge), DEADLINE_S) == []  # not while a purges
+    leave.set()
+    assert await asyncio.wait_for(first, DEADLINE_S) == ["a"]
+    assert await asyncio.wait_for(b.as_purge_owner(quick_purge), DEADLINE_S) == ["b"]
