@@ -54,7 +54,9 @@ async def engine_fetch(uri: str, endpoint: str, secret: dict[str, str], dest: Pa
         secret=secret,
     )
     result = await CloudSource(ranged=ENGINE).fetch(request)
-    return result.files[0].sha256
+    sha256 = result.files[0].sha256
+    assert sha256 is not None  # the engine hashes every file it fetches
+    return sha256
 
 
 async def obstore_get(uri: str, endpoint: str, secret: dict[str, str], dest: Path) -> str:

@@ -34,7 +34,9 @@ FILES = {
 }
 
 
-def request_for(tmp_path: Path, uri: str, endpoint: str, secret: dict[str, str], previous: Manifest | None = None):
+def request_for(
+    tmp_path: Path, uri: str, endpoint: str, secret: dict[str, str], previous: Manifest | None = None
+) -> FetchRequest:
     return FetchRequest(
         storage_uri=uri,
         dest=tmp_path / "models" / "tiny",

@@ -71,7 +71,7 @@ def test_settings_refuse_bad_auth_endpoint_and_uri(monkeypatch: pytest.MonkeyPat
         ("oci://n/ns/b/bkt/o/", {}, "InvalidStorageUri"),
     ):
         with pytest.raises(SourceError) as err:
-            settings_for(req(uri, **params))
+            settings_for(req(uri, None, **params))
         assert err.value.reason == reason and not err.value.retryable
     monkeypatch.setenv(ENDPOINT_ENV, "http://127.0.0.1:9/")
     assert settings_for(req("oci://bkt/m")).endpoint == "http://127.0.0.1:9"
@@ -158,7 +158,7 @@ def oci_req(fake: FakeOciObjectStorage, tmp: Path, uri: str, **params: str) -> F
     return req(uri, tmp, auth="UserPrincipal", endpoint=fake.endpoint, **params)
 
 
-def files_of(result: FetchResult) -> dict[str, str]:
+def files_of(result: FetchResult) -> dict[str, str | None]:
     return {f.path: f.sha256 for f in result.files}
 
 

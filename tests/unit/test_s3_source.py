@@ -48,7 +48,7 @@ def test_settings_from_uri_and_parameters() -> None:
     assert anon.anonymous and anon.credentials is None
     for params in ({"addressingStyle": "sideways"}, {"endpoint": "minio:9000"}):
         with pytest.raises(SourceError) as err:
-            settings_for(req("s3://bkt/m", **params))
+            settings_for(req("s3://bkt/m", None, **params))
         assert err.value.reason == "InvalidParameter" and not err.value.retryable
     with pytest.raises(SourceError) as err:
         settings_for(req("s3://@r/m"))
