@@ -95,7 +95,7 @@ class Agent:
         client.observers.append(self._note_forbidden)
         if settings.api_qps > 0:
             client.before_request = TokenBucket(settings.api_qps, settings.api_burst).acquire
-        self.layout = Layout(settings.models_root_dir, list(settings.allowed_roots))
+        self.layout = Layout(settings.models_root_dir, list(settings.allowed_roots), settings.state_dir)
         capacity.REGISTRY.configure(DiskReserve.parse(settings.disk_reserve))
         self.manifests = ManifestStore(self.layout)
         self.trash = Trash(self.layout)

@@ -32,6 +32,7 @@ class Settings(BaseSettings):
     node_name: str = Field(default="", validation_alias="NODE_NAME")
     models_root_dir: Path = Path("/mnt/models")
     allowed_roots: list[Path] = Field(default_factory=list)
+    state_dir: Path | None = None  # the agent's records (manifests) if not <models-root>/.model-agent
     namespace: str = "ome"
     port: int = 8080
     num_download_worker: int = 5

@@ -22,7 +22,7 @@ from pydantic import ValidationError
 from model_agent.agent.runtime import Agent
 from model_agent.agent.settings import Settings
 from model_agent.kube.client import KubeClient
-from model_agent.local.layout import check_roots
+from model_agent.local.layout import Layout
 from model_agent.ops import logging as agent_logging
 from model_agent.ops.http import HealthServer, HealthSources
 from model_agent.sources import egress
@@ -38,6 +38,10 @@ def run(
     ] = None,
     allowed_root: Annotated[
         list[Path] | None, Opt(help="Another directory model paths may live in (repeatable).")
+    ] = None,
+    state_dir: Annotated[
+        Path | None,
+        Opt(help="Writable directory for the agent's records (default <root>/.model-agent); root may be read-only."),
     ] = None,
     node_name: Annotated[str | None, Opt(help="This node's name; NODE_NAME wins when set (as in OME).")] = None,
     namespace: Annotated[str | None, Opt(help="Namespace of the per-node ConfigMap (default ome).")] = None,
@@ -116,6 +120,7 @@ def run(
     given: dict[str, Any] = {
         "models_root_dir": models_root_dir,
         "allowed_roots": allowed_root,
+        "state_dir": state_dir,
         "namespace": namespace,
         "port": port,
         "num_download_worker": num_download_worker,
@@ -160,7 +165,8 @@ def run(
         kwargs["LOG_LEVEL"] = log_level
     try:
         settings = Settings(**kwargs)
-        check_roots(settings.models_root_dir, list(settings.allowed_roots))  # nested roots: refused here
+        # nested roots, a --state-dir inside a root: refused here
+        Layout(settings.models_root_dir, list(settings.allowed_roots), settings.state_dir)
         agent_logging.configure(settings.log_level)
         egress.configure(settings.tenancy_policy())  # before any fetch: the rules every source applies
     except (ValidationError, ValueError) as exc:
@@ -193,6 +199,7 @@ async def _main(settings: Settings) -> int:
             metrics=agent.metrics,
             reflectors=agent.reflectors,
             roots=[str(r.path) for r in agent.layout.roots],
+            records=[str(r.manifests) for r in agent.layout.roots],
             loop_tick=lambda: agent.last_loop_tick,
             synced=agent.synced,
             status=agent.status_snapshot,

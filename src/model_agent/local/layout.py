@@ -8,6 +8,10 @@ Each allowed root (``--models-root-dir`` plus any ``--allowed-root``) carries th
   rename;
 * ``trash/``     — quarantined weights awaiting purge (delete safety).
 
+``--state-dir`` moves the primary root's records (``manifests/``) elsewhere, so a read-only root of
+pre-provisioned ``local://`` models needs no write access (OME issue #787); staging and trash stay in the
+root because a publish and a quarantine are renames on the destination's filesystem.
+
 :func:`confine` is the single gate for model destinations: a destination must be absolute, normalised
 (no ``.``/``..`` segments), strictly inside an allowed root after resolving symlinks of every existing
 ancestor, and never the root itself or the agent's private area; at most 4096 bytes long with no
@@ -28,6 +32,7 @@ nothing about the host outside the roots.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import stat
@@ -48,19 +53,34 @@ class RootsRefused(ValueError):
     """The configured roots overlap; the message names both (a start-up configuration error)."""
 
 
+class StateUnwritable(RuntimeError):
+    """The agent's records area cannot be written; the message names the fix (a start-up error)."""
+
+
 @dataclass(frozen=True)
 class Root:
-    """One allowed root and its private area."""
+    """One allowed root and its private area.
+
+    ``state`` (``--state-dir``, primary root only) moves the records (manifests) out of the root, so a
+    read-only root of pre-provisioned ``local://`` models needs no write access at all: staging and trash
+    stay under ``<root>/.model-agent`` because they must share the destination's filesystem (a rename).
+    """
 
     path: Path
+    state: Path | None = None
 
     @property
     def private(self) -> Path:
         return self.path / PRIVATE_DIR
 
     @property
+    def records(self) -> Path:
+        """Where the agent's records of this root live: ``--state-dir`` or the private area."""
+        return self.state if self.state is not None else self.private
+
+    @property
     def manifests(self) -> Path:
-        return self.private / "manifests"
+        return self.records / "manifests"
 
     @property
     def staging(self) -> Path:
@@ -71,8 +91,30 @@ class Root:
         return self.private / "trash"
 
     def ensure(self) -> None:
-        for d in (self.manifests, self.staging, self.trash):
-            d.mkdir(parents=True, exist_ok=True)
+        """Create the records area (it must be writable) and, where the root allows, staging and trash.
+
+        A read-only root is not an error: nothing is fetched into it (a fetch fails with its reason), and its
+        ``local://`` models are adopted in place; but its records must be writable somewhere
+        (:class:`StateUnwritable` names ``--state-dir`` otherwise).
+        """
+        try:
+            self.manifests.mkdir(parents=True, exist_ok=True)
+            probe = self.manifests / ".write-probe"
+            probe.touch()
+            probe.unlink()
+        except OSError as exc:
+            raise StateUnwritable(
+                f"the agent's records directory {str(self.manifests)!r} is not writable ({exc.strerror}); a "
+                "read-only models root needs --state-dir naming a writable directory (a hostPath, so records "
+                "survive a restart)"
+            ) from None
+        for d in (self.staging, self.trash):
+            with contextlib.suppress(OSError):  # a read-only root: only fetches into it need these
+                d.mkdir(parents=True, exist_ok=True)
+
+    def read_only(self) -> bool:
+        """Whether the root itself refuses writes (a read-only mount): fetches into it cannot work."""
+        return not os.access(self.path, os.W_OK)
 
 
 def token_for(key: str) -> str:
@@ -102,11 +144,26 @@ def check_roots(models_root: Path, extra_roots: list[Path] | None = None) -> Non
             )
 
 
+def check_state_dir(state: Path, roots: list[Path]) -> None:
+    """Raise :class:`RootsRefused` for a ``--state-dir`` inside a root (models could be written over it)."""
+    for root in roots:
+        if state == root or root in state.parents or state in root.parents:
+            raise RootsRefused(
+                f"--state-dir {str(state)!r} overlaps the allowed root {str(root)!r}: give a directory outside "
+                f"every root (or leave it unset for {str(root / PRIVATE_DIR)!r})"
+            )
+
+
 class Layout:
-    def __init__(self, models_root: Path, extra_roots: list[Path] | None = None) -> None:
+    def __init__(self, models_root: Path, extra_roots: list[Path] | None = None, state_dir: Path | None = None) -> None:
         check_roots(models_root, extra_roots)
         roots = [models_root, *(extra_roots or [])]
         self.roots = [Root(Path(os.path.realpath(r))) for r in roots]
+        if state_dir is not None:
+            state = Path(os.path.realpath(state_dir))
+            if state != self.roots[0].private:
+                check_state_dir(state, [r.path for r in self.roots])
+                self.roots[0] = Root(self.roots[0].path, state)
         # Each root as configured, too (it may go through a symlink): a tenant's local path is first
         # checked as written, against these and the resolved ones.
         self._written_roots = [Path(_collapsed(str(r))) for r in roots if str(r).startswith("/")]
@@ -205,8 +262,9 @@ class Layout:
         for root in self.roots:
             if resolved == root.path:
                 raise PathRefused(f"local path {_shown(raw)} is the models root itself")
-            if resolved == root.private or root.private in resolved.parents:
-                raise PathRefused(f"local path {_shown(raw)} is inside the agent's private area")
+            for area in {root.private, root.records}:
+                if resolved == area or area in resolved.parents:
+                    raise PathRefused(f"local path {_shown(raw)} is inside the agent's private area")
         return Path(raw)
 
     def _check_tenant_local(self, raw: str) -> None:

@@ -5,12 +5,15 @@ Unlike OME's (whose liveness always succeeds), every check here can fail:
 * ``/livez`` — the event loop ticks (a blocked loop cannot answer at all; a starved one shows a stale tick)
   and every reflector made progress (an event, a bookmark or a successful list) within ``stale_after_s``;
 * ``/readyz`` — every cache has synced once;
-* ``/healthz`` (and ``/healthz/model-agent-health``) — each models root exists, is a directory and is
-  writable, the API server answered within the last ``api_fresh_s`` (checked with ``/version``), and no
-  request was denied (401/403) in the last 10 minutes — an agent whose RBAC lacks ``get`` on the model kinds
-  can never confirm a removal, and says so here, in an Event on its Node and in ``model_agent_rbac_denied``;
-  and every supervised background task (reflectors, resync, purge, verify, loop tick) runs: one that ended
-  unexpectedly is named here until it has restarted and works again (``model_agent_background_tasks_down``).
+* ``/healthz`` (and ``/healthz/model-agent-health``) — each models root exists and is a directory; each
+  records directory (the manifests: ``--state-dir`` or ``<root>/.model-agent``) is writable, but the root
+  itself need not be (OME issue #787: a read-only root of pre-provisioned ``local://`` models is healthy,
+  only a fetch into it fails, with its reason on the model); the API server answered within the last
+  ``api_fresh_s`` (checked with ``/version``); no request was denied (401/403) in the last 10 minutes — an
+  agent whose RBAC lacks ``get`` on the model kinds can never confirm a removal, and says so here, in an
+  Event on its Node and in ``model_agent_rbac_denied``; and every supervised background task (reflectors,
+  resync, purge, verify, loop tick) runs: one that ended unexpectedly is named here until it has restarted
+  and works again (``model_agent_background_tasks_down``).
 
 Add ``?verbose`` for one line per check. Failures answer HTTP 500.
 """
@@ -20,7 +23,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from aiohttp import web
@@ -45,6 +48,8 @@ class HealthSources:
     rbac_problem: Callable[[], str | None] = lambda: None
     # Supervised background tasks that ended unexpectedly and have not recovered yet (None: all run).
     background_problem: Callable[[], str | None] = lambda: None
+    # Directories the agent must write (each root's manifests), checked for writability; the roots only exist.
+    records: list[str] = field(default_factory=list)
     stale_after_s: float = 900.0
     api_fresh_s: float = 30.0
 
@@ -127,12 +132,15 @@ class HealthServer:
     async def _healthz(self, req: web.Request) -> web.Response:
         checks: list[tuple[str, str | None]] = []
         for root in self.s.roots:
+            ok = os.path.isdir(root)  # noqa: ASYNC240 - one stat, cheaper than a thread hop
+            checks.append(("model-agent-health", None if ok else f"{root} is not a directory"))
+        for records in self.s.records:
             why = None
-            if not os.path.isdir(root):  # noqa: ASYNC240 - one stat, cheaper than a thread hop
-                why = f"{root} is not a directory"
-            elif not os.access(root, os.W_OK):
-                why = f"{root} is not writable"
-            checks.append(("model-agent-health", why))
+            if not os.path.isdir(records):  # noqa: ASYNC240 - one stat
+                why = f"{records} (the agent's records) is not a directory"
+            elif not os.access(records, os.W_OK):
+                why = f"{records} (the agent's records) is not writable: give --state-dir a writable directory"
+            checks.append(("records", why))
         checks.append(("api-server", await self._api_check()))
         checks.append(("rbac", self.s.rbac_problem()))
         checks.append(("background-tasks", self.s.background_problem()))
