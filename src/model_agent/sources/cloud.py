@@ -101,6 +101,7 @@ from typing import TYPE_CHECKING, Any
 import aiohttp
 
 from model_agent.local.capacity import REGISTRY, CapacityRegistry
+from model_agent.model.reasons import Reason
 from model_agent.model.uris import InvalidStorageUri, parse_azure_uri, parse_gcs_uri
 from model_agent.sources.base import FetchRequest, FetchResult, Progress, SourceError
 from model_agent.sources.egress import CredentialUse, Guard, credential_for, current, guard_for, refused
@@ -181,7 +182,7 @@ def gcs_credentials(data: Mapping[str, str] | None) -> dict[str, str]:
         doc = None
     if not isinstance(doc, dict) or not doc.get("client_email") or not doc.get("private_key"):
         raise SourceError(
-            "SecretInvalid",
+            Reason.SECRET_INVALID,
             "the Secret named by spec.storage.key has no service account key (JSON with client_email and "
             f"private_key) under {', '.join(GCS_KEY_NAMES)}",
         )
@@ -200,7 +201,7 @@ def azure_credentials(data: Mapping[str, str] | None) -> dict[str, str]:
         if data.get(client_id) and data.get(secret) and data.get(tenant):
             return {"client_id": data[client_id], "client_secret": data[secret], "tenant_id": data[tenant]}
     raise SourceError(
-        "SecretInvalid",
+        Reason.SECRET_INVALID,
         "the Secret named by spec.storage.key has none of accountKey, sasToken or clientId + clientSecret + "
         "tenantId (or their AZURE_* spellings)",
     )
@@ -219,12 +220,12 @@ def settings_for(request: FetchRequest) -> CloudSettings:
             scheme, account, bucket, prefix = AZURE, az.account, az.container, az.blob_path
             default_endpoint = f"https://{account}.blob.core.windows.net"
     except InvalidStorageUri as exc:
-        raise SourceError("InvalidStorageUri", str(exc), retryable=False) from None
+        raise SourceError(Reason.INVALID_STORAGE_URI, str(exc), retryable=False) from None
     params = request.parameters
     endpoint = (params.get(PARAM_ENDPOINT) or "").strip().rstrip("/")
     if endpoint and not re.fullmatch(r"https?://[^/\s?#]+(/[^\s?#]*)?", endpoint):
         raise SourceError(
-            "InvalidParameter",
+            Reason.INVALID_PARAMETER,
             f"parameters.{PARAM_ENDPOINT} must be an http(s) URL, not {endpoint[:200]!r}",
             retryable=False,
         )
@@ -239,7 +240,7 @@ def settings_for(request: FetchRequest) -> CloudSettings:
         credentials = gcs_credentials(request.secret) if scheme == GCS else azure_credentials(request.secret)
     if guard is not None and "client_secret" in credentials:
         raise refused(
-            "CredentialRefused",
+            Reason.CREDENTIAL_REFUSED,
             f"a {guard.owner.describe()} may not use an Azure service principal (obstore would rank the node's "
             "environment credentials above it): use accountKey or sasToken",
         )
@@ -331,30 +332,30 @@ def classify(
     code = code_match[1][:64] if code_match else ""
     message = f"HTTP {status}" if tenant and status else type(exc).__name__ if tenant else _message(exc)
     if any(m in text for m in ("Invalid Access Key", "credential error", "Unable to decode service account")):
-        return SourceError("SecretInvalid", f"{label}: the credentials cannot be used: {message}")
+        return SourceError(Reason.SECRET_INVALID, f"{label}: the credentials cannot be used: {message}")
     if "token request" in text or "computeMetadata" in text or "/metadata/identity" in text:
         if not ambient:
-            return SourceError("Unauthorized", f"{label}: no token for the Secret's credentials: {message}")
+            return SourceError(Reason.UNAUTHORIZED, f"{label}: no token for the Secret's credentials: {message}")
         return SourceError(
-            "NoCredentials",
+            Reason.NO_CREDENTIALS,
             f"{label}: no usable ambient credentials (name a Secret in spec.storage.key, or give the node or "
             f"pod an identity): {message}",
         )
     if code in ("ContainerNotFound", "NoSuchBucket") or "no bucket named" in text or (listing and status == 404):
-        return SourceError("BucketNotFound", f"{label}: the bucket or container does not exist")
+        return SourceError(Reason.BUCKET_NOT_FOUND, f"{label}: the bucket or container does not exist")
     if code in ("BlobNotFound", "NoSuchKey") or status == 404:
-        return SourceError("ObjectNotFound", f"{label}: not found (deleted after the listing?)")
+        return SourceError(Reason.OBJECT_NOT_FOUND, f"{label}: not found (deleted after the listing?)")
     if "signBlob" in text or "delegation" in text.lower() or "Error signing" in text:
-        return SourceError("SigningFailed", f"{label}: could not sign a URL with these credentials: {message}")
+        return SourceError(Reason.SIGNING_FAILED, f"{label}: could not sign a URL with these credentials: {message}")
     if code in ("AuthenticationFailed", "InvalidAuthenticationInfo", "ExpiredToken") or status == 401:
-        return SourceError("Unauthorized", f"{label}: credentials rejected ({code or status})")
+        return SourceError(Reason.UNAUTHORIZED, f"{label}: credentials rejected ({code or status})")
     if status == 403 or code.startswith("Authorization") or code == "AccessDenied":
-        return SourceError("AccessDenied", f"{label}: access denied ({code or status})")
+        return SourceError(Reason.ACCESS_DENIED, f"{label}: access denied ({code or status})")
     if status in (429, 503) or code in ("ServerBusy", "SlowDown"):
-        return SourceError("RateLimited", f"{label}: the store asked to slow down ({code or status})")
+        return SourceError(Reason.RATE_LIMITED, f"{label}: the store asked to slow down ({code or status})")
     if not status and ("error sending request" in text or "Connect" in text or "dns error" in text):
-        return SourceError("SourceUnreachable", f"{label}: {message}")
-    return SourceError("SourceError", f"{label}: {message}")
+        return SourceError(Reason.SOURCE_UNREACHABLE, f"{label}: {message}")
+    return SourceError(Reason.SOURCE_ERROR, f"{label}: {message}")
 
 
 class CloudSource:
@@ -473,7 +474,7 @@ class CloudSource:
         except Exception as exc:
             raise classify(exc, settings.label(), listing=True, ambient=settings.ambient, tenant=tenant) from exc
         if not objects:
-            raise SourceError("NoObjects", f"no objects found under {settings.label()}")
+            raise SourceError(Reason.NO_OBJECTS, f"no objects found under {settings.label()}")
         signer = self.signer(store, settings)
 
         async with probe_session(settings.guard) as session:
@@ -540,16 +541,16 @@ async def probe(
                 raise _probe_error(resp.status, label)
             return expected_from_probe(resp.status, resp.headers, obj)
     except (aiohttp.ClientError, TimeoutError) as exc:
-        raise SourceError("SourceUnreachable", f"{label}: {type(exc).__name__}") from exc
+        raise SourceError(Reason.SOURCE_UNREACHABLE, f"{label}: {type(exc).__name__}") from exc
 
 
 def _probe_error(status: int, label: str) -> SourceError:
     if status == 404:
-        return SourceError("ObjectNotFound", f"{label}: not found (HTTP 404; deleted after the listing?)")
+        return SourceError(Reason.OBJECT_NOT_FOUND, f"{label}: not found (HTTP 404; deleted after the listing?)")
     if status == 401:
-        return SourceError("Unauthorized", f"{label}: credentials rejected (HTTP 401)")
+        return SourceError(Reason.UNAUTHORIZED, f"{label}: credentials rejected (HTTP 401)")
     if status == 403:
-        return SourceError("AccessDenied", f"{label}: access denied (HTTP 403)")
+        return SourceError(Reason.ACCESS_DENIED, f"{label}: access denied (HTTP 403)")
     if status in (429, 503):
-        return SourceError("RateLimited", f"{label}: the store asked to slow down (HTTP {status})")
-    return SourceError("SourceError", f"{label}: unexpected HTTP {status}")
+        return SourceError(Reason.RATE_LIMITED, f"{label}: the store asked to slow down (HTTP {status})")
+    return SourceError(Reason.SOURCE_ERROR, f"{label}: unexpected HTTP {status}")

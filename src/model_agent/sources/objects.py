@@ -41,6 +41,7 @@ from pathlib import Path
 
 from model_agent.local.capacity import CapacityRegistry, Reservation, allocated_bytes
 from model_agent.local.manifest import FileRecord
+from model_agent.model.reasons import Reason
 from model_agent.sources.base import FetchRequest, FetchResult, Progress, SourceError
 from model_agent.sources.egress import guard_for
 from model_agent.transfer import (
@@ -106,19 +107,21 @@ def check_paths(objects: Iterable[RemoteObject], label: Callable[[str], str]) ->
         parts = o.path.split("/")
         if any(p in ("", ".", "..") for p in parts) or "\x00" in o.path:
             raise SourceError(
-                "UnsafeFilePath",
+                Reason.UNSAFE_FILE_PATH,
                 f"{label(o.key)}: the name is not a plain relative path below the prefix",
                 retryable=False,
             )
         if parts[0] == ".cache":
             raise SourceError(
-                "UnsafeFilePath", f"{label(o.key)}: names under .cache/ are reserved for the agent", retryable=False
+                Reason.UNSAFE_FILE_PATH,
+                f"{label(o.key)}: names under .cache/ are reserved for the agent",
+                retryable=False,
             )
         folders.update("/".join(parts[:i]) for i in range(1, len(parts)))
     clash = sorted(files & folders)
     if clash:
         raise SourceError(
-            "UnsafeFilePath",
+            Reason.UNSAFE_FILE_PATH,
             f"{label(by_path[clash[0]])} is both an object and a folder of other objects",
             retryable=False,
         )
@@ -239,7 +242,7 @@ async def fetch_listed(
         objects = shape_filtered(objects, request.shape_alias)
         if not objects:
             raise SourceError(
-                "NoObjects", f"no suitable objects found for shape {request.shape_alias} under {label('')}"
+                Reason.NO_OBJECTS, f"no suitable objects found for shape {request.shape_alias} under {label('')}"
             )
     check_paths(objects, label)
     objects = sorted(objects, key=lambda o: o.path)

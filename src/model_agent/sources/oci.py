@@ -83,6 +83,7 @@ from typing import Any
 from urllib.parse import quote
 
 from model_agent.local.capacity import REGISTRY, CapacityRegistry
+from model_agent.model.reasons import Reason
 from model_agent.model.uris import InvalidStorageUri, parse_oci_uri
 from model_agent.sources.base import FetchRequest, FetchResult, Progress, SourceError
 from model_agent.sources.egress import guard_for, refused
@@ -135,12 +136,12 @@ def settings_for(request: FetchRequest) -> OciSettings:
     try:
         uri = parse_oci_uri(request.storage_uri)
     except InvalidStorageUri as exc:
-        raise SourceError("InvalidStorageUri", str(exc), retryable=False) from None
+        raise SourceError(Reason.INVALID_STORAGE_URI, str(exc), retryable=False) from None
     params = request.parameters
     auth = (params.get(PARAM_AUTH) or "").strip() or DEFAULT_AUTH
     if auth not in AUTH_TYPES:
         raise SourceError(
-            "InvalidParameter",
+            Reason.INVALID_PARAMETER,
             f"parameters.{PARAM_AUTH} must be one of {', '.join(AUTH_TYPES)}, not {auth[:100]!r}",
             retryable=False,
         )
@@ -148,7 +149,7 @@ def settings_for(request: FetchRequest) -> OciSettings:
     if endpoint is not None:
         if not endpoint.startswith(("http://", "https://")) or len(endpoint.split("://", 1)[1].strip("/")) == 0:
             raise SourceError(
-                "InvalidParameter",
+                Reason.INVALID_PARAMETER,
                 f"the OCI endpoint must be an http(s) URL, not {endpoint[:200]!r}",
                 retryable=False,
             )
@@ -168,7 +169,7 @@ def s3_compat_request(request: FetchRequest, settings: OciSettings) -> FetchRequ
     """The same fetch, addressed to OCI's S3-compatible API (for :class:`S3Source`); namespace must be known."""
     if not settings.region and not settings.endpoint:
         raise SourceError(
-            "InvalidParameter",
+            Reason.INVALID_PARAMETER,
             f"parameters.{PARAM_S3_COMPAT} needs parameters.{PARAM_REGION} (or an oci://ns@region/... URI)",
             retryable=False,
         )
@@ -225,28 +226,28 @@ def _classify(exc: BaseException, label: str) -> SourceError:
         message = str(exc.message or "")[:200]
         if code == "BucketNotFound":
             return SourceError(
-                "BucketNotFound", f"{label}: the bucket does not exist or is not visible to us{request_id}"
+                Reason.BUCKET_NOT_FOUND, f"{label}: the bucket does not exist or is not visible to us{request_id}"
             )
         if code == "NamespaceNotFound":
-            return SourceError("NamespaceNotFound", f"{label}: the namespace does not exist{request_id}")
+            return SourceError(Reason.NAMESPACE_NOT_FOUND, f"{label}: the namespace does not exist{request_id}")
         if status == 404:
-            return SourceError("ObjectNotFound", f"{label}: not found (deleted after the listing?){request_id}")
+            return SourceError(Reason.OBJECT_NOT_FOUND, f"{label}: not found (deleted after the listing?){request_id}")
         if status == 401:
-            return SourceError("Unauthorized", f"{label}: credentials rejected ({code}){request_id}")
+            return SourceError(Reason.UNAUTHORIZED, f"{label}: credentials rejected ({code}){request_id}")
         if status == 403:
-            return SourceError("AccessDenied", f"{label}: access denied ({code}){request_id}")
+            return SourceError(Reason.ACCESS_DENIED, f"{label}: access denied ({code}){request_id}")
         if status == 429:
-            return SourceError("RateLimited", f"{label}: the store asked to slow down{request_id}")
-        return SourceError("SourceError", f"{label}: HTTP {status} {code}: {message}{request_id}"[:400])
+            return SourceError(Reason.RATE_LIMITED, f"{label}: the store asked to slow down{request_id}")
+        return SourceError(Reason.SOURCE_ERROR, f"{label}: HTTP {status} {code}: {message}{request_id}"[:400])
     if isinstance(exc, ox.ConfigFileNotFound | ox.ProfileNotFound | ox.InvalidConfig | ox.InvalidKeyFilePath):
-        return SourceError("NoCredentials", f"{label}: OCI configuration unusable: {str(exc)[:300]}")
+        return SourceError(Reason.NO_CREDENTIALS, f"{label}: OCI configuration unusable: {str(exc)[:300]}")
     if isinstance(exc, ox.InvalidPrivateKey):
-        return SourceError("NoCredentials", f"{label}: the OCI API signing key cannot be loaded")
+        return SourceError(Reason.NO_CREDENTIALS, f"{label}: the OCI API signing key cannot be loaded")
     if isinstance(exc, ox.RequestException | ox.ConnectTimeout | ConnectionError | TimeoutError):
-        return SourceError("SourceUnreachable", f"{label}: {type(exc).__name__}: {str(exc)[:300]}")
+        return SourceError(Reason.SOURCE_UNREACHABLE, f"{label}: {type(exc).__name__}: {str(exc)[:300]}")
     if isinstance(exc, OSError):
-        return SourceError("NoCredentials", f"{label}: {type(exc).__name__}: {str(exc)[:300]}")
-    return SourceError("SourceError", f"{label}: {type(exc).__name__}: {str(exc)[:300]}")
+        return SourceError(Reason.NO_CREDENTIALS, f"{label}: {type(exc).__name__}: {str(exc)[:300]}")
+    return SourceError(Reason.SOURCE_ERROR, f"{label}: {type(exc).__name__}: {str(exc)[:300]}")
 
 
 # ---------------------------------------------------------------------- signers (blocking; run in threads)
@@ -386,7 +387,7 @@ class OciSource:
         client_config: dict[str, Any] = {**config, "region": region} if region else dict(config)
         if not settings.endpoint and not region:
             raise SourceError(
-                "InvalidParameter",
+                Reason.INVALID_PARAMETER,
                 f"{settings.label()}: no region: set parameters.{PARAM_REGION} or use oci://ns@region/...",
                 retryable=False,
             )
@@ -449,7 +450,7 @@ class OciSource:
         guard = guard_for(request.owner)
         if guard is not None and not (settings.s3_compat and settings.namespace):
             raise refused(
-                "CredentialRefused",
+                Reason.CREDENTIAL_REFUSED,
                 f"a {guard.owner.describe()} may not use the node's OCI identity, and a native oci:// fetch signs "
                 f"with nothing else: use parameters.{PARAM_S3_COMPAT}=true with a Customer Secret Key in "
                 "spec.storage.key and a URI that names the namespace",
@@ -480,7 +481,7 @@ class OciSource:
         except Exception as exc:
             raise _classify(exc, settings.label()) from exc
         if not objects:
-            raise SourceError("NoObjects", f"no objects found under {settings.label()}")
+            raise SourceError(Reason.NO_OBJECTS, f"no objects found under {settings.label()}")
 
         signed = _SignedGets(client.signer)
 

@@ -80,6 +80,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from model_agent.local.capacity import REGISTRY, CapacityRegistry
+from model_agent.model.reasons import Reason
 from model_agent.model.uris import InvalidStorageUri, parse_s3_uri
 from model_agent.sources.base import FetchRequest, FetchResult, Progress, SourceError
 from model_agent.sources.egress import CredentialUse, Guard, credential_for, current, guard_for
@@ -155,7 +156,7 @@ def credentials_from_secret(data: Mapping[str, str] | None) -> S3Credentials | N
         if data.get(key_id) and data.get(secret):
             return S3Credentials(data[key_id], data[secret], data.get(token) or None)
     raise SourceError(
-        "SecretInvalid",
+        Reason.SECRET_INVALID,
         "the Secret named by spec.storage.key has neither AWS_ACCESS_KEY_ID + AWS_SECRET_ACCESS_KEY nor "
         "accessKeyId + secretAccessKey",
     )
@@ -166,12 +167,12 @@ def settings_for(request: FetchRequest) -> S3Settings:
     try:
         uri = parse_s3_uri(request.storage_uri)
     except InvalidStorageUri as exc:
-        raise SourceError("InvalidStorageUri", str(exc), retryable=False) from None
+        raise SourceError(Reason.INVALID_STORAGE_URI, str(exc), retryable=False) from None
     params = request.parameters
     style = (params.get(PARAM_ADDRESSING) or "auto").strip().lower()
     if style not in ("auto", "path", "virtual"):
         raise SourceError(
-            "InvalidParameter",
+            Reason.INVALID_PARAMETER,
             f"parameters.{PARAM_ADDRESSING} must be auto, path or virtual, not {style!r}",
             retryable=False,
         )
@@ -179,7 +180,7 @@ def settings_for(request: FetchRequest) -> S3Settings:
     # The whole value must be a URL (re.match validated only a prefix: "http://a b" passed).
     if endpoint is not None and not _ENDPOINT.fullmatch(endpoint):
         raise SourceError(
-            "InvalidParameter",
+            Reason.INVALID_PARAMETER,
             f"parameters.{PARAM_ENDPOINT} must be an http(s) URL, not {endpoint[:200]!r}",
             retryable=False,
         )
@@ -243,9 +244,9 @@ def _classify(exc: BaseException, label: str, *, tenant: bool = False) -> Source
         return exc
     detail = type(exc).__name__ if tenant else str(exc)[:300]
     if isinstance(exc, bx.NoCredentialsError | bx.PartialCredentialsError):
-        return SourceError("NoCredentials", f"{label}: no AWS credentials: name a Secret in spec.storage.key")
+        return SourceError(Reason.NO_CREDENTIALS, f"{label}: no AWS credentials: name a Secret in spec.storage.key")
     if isinstance(exc, bx.EndpointConnectionError | bx.ConnectTimeoutError | bx.ReadTimeoutError):
-        return SourceError("SourceUnreachable", f"{label}: {detail}")
+        return SourceError(Reason.SOURCE_UNREACHABLE, f"{label}: {detail}")
     if isinstance(exc, bx.ClientError):
         error = exc.response.get("Error", {})
         code = str(error.get("Code", ""))
@@ -253,9 +254,9 @@ def _classify(exc: BaseException, label: str, *, tenant: bool = False) -> Source
             code = ""
         status = int(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0) or 0)
         if code == "NoSuchBucket":
-            return SourceError("BucketNotFound", f"{label}: the bucket does not exist")
+            return SourceError(Reason.BUCKET_NOT_FOUND, f"{label}: the bucket does not exist")
         if code in ("NoSuchKey", "404") or status == 404:
-            return SourceError("ObjectNotFound", f"{label}: not found (it was deleted after the listing?)")
+            return SourceError(Reason.OBJECT_NOT_FOUND, f"{label}: not found (it was deleted after the listing?)")
         if code in (
             "InvalidAccessKeyId",
             "SignatureDoesNotMatch",
@@ -263,16 +264,16 @@ def _classify(exc: BaseException, label: str, *, tenant: bool = False) -> Source
             "InvalidToken",
             "TokenRefreshRequired",
         ):
-            return SourceError("Unauthorized", f"{label}: credentials rejected ({code})")
+            return SourceError(Reason.UNAUTHORIZED, f"{label}: credentials rejected ({code})")
         if code == "AccessDenied" or status == 403:
-            return SourceError("AccessDenied", f"{label}: access denied")
+            return SourceError(Reason.ACCESS_DENIED, f"{label}: access denied")
         if code in ("SlowDown", "ServiceUnavailable", "RequestLimitExceeded") or status in (429, 503):
-            return SourceError("RateLimited", f"{label}: the store asked to slow down ({code or status})")
+            return SourceError(Reason.RATE_LIMITED, f"{label}: the store asked to slow down ({code or status})")
         message = "" if tenant else f": {error.get('Message', '')}"
-        return SourceError("SourceError", f"{label}: {code or 'HTTP ' + str(status)}{message}"[:400])
+        return SourceError(Reason.SOURCE_ERROR, f"{label}: {code or 'HTTP ' + str(status)}{message}"[:400])
     if isinstance(exc, bx.BotoCoreError):
-        return SourceError("SourceError", f"{label}: {type(exc).__name__}: {detail}")
-    return SourceError("SourceError", f"{label}: {type(exc).__name__}: {detail}")
+        return SourceError(Reason.SOURCE_ERROR, f"{label}: {type(exc).__name__}: {detail}")
+    return SourceError(Reason.SOURCE_ERROR, f"{label}: {type(exc).__name__}: {detail}")
 
 
 class S3Source:
@@ -371,7 +372,7 @@ class S3Source:
         except Exception as exc:
             raise _classify(exc, settings.label(), tenant=settings.guard is not None) from exc
         if not objects:
-            raise SourceError("NoObjects", f"no objects found under {settings.label()}")
+            raise SourceError(Reason.NO_OBJECTS, f"no objects found under {settings.label()}")
 
         def presign(key: str) -> str:
             return client.generate_presigned_url(
