@@ -325,8 +325,13 @@ class ControlPlane:
         apiserver_port: int | None = None,
         binaries: Binaries | None = None,
         echo: Echo = _noop,
+        real_nodes: Callable[[_pki.Pki], Sequence[str]] | None = None,
     ) -> State:
-        """Start the control plane (building it first if needed) and bootstrap CRDs, Namespace, Nodes."""
+        """Start the control plane (building it first if needed) and bootstrap CRDs, Namespace, Nodes.
+
+        ``real_nodes`` (testbed.servers.node): pods are admitted as on a real cluster (ServiceAccount
+        admission on, NodeRestriction added) and the flags it returns for the PKI are appended.
+        """
         existing = self.read_state()
         if existing is not None:
             if self._both_alive(existing):
@@ -357,7 +362,11 @@ class ControlPlane:
         try:
             state.etcd_pid = self._spawn("etcd", self._etcd_argv(bins, state))
             self._write_state(state)
-            state.apiserver_pid = self._spawn("kube-apiserver", self._apiserver_argv(bins, state, certs))
+            argv = self._apiserver_argv(bins, state, certs)
+            if real_nodes is not None:
+                argv = [a for a in argv if a != "--disable-admission-plugins=ServiceAccount"]
+                argv += ["--enable-admission-plugins=NodeRestriction", *real_nodes(certs)]
+            state.apiserver_pid = self._spawn("kube-apiserver", argv)
             self._write_state(state)
             self._write_kubeconfig(state, certs)
             asyncio.run(self._wait_ready_and_bootstrap(state, nodes))

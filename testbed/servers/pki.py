@@ -21,6 +21,8 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 @dataclass(frozen=True)
 class Pki:
     ca_cert: Path
+    # Kept so the node of the test bed can issue its kubelets' and controllers' certificates.
+    ca_key: Path
     serving_cert: Path
     serving_key: Path
     sa_public: Path
@@ -127,6 +129,7 @@ def generate(directory: Path) -> Pki:
     sa_key = _key()
     pki = Pki(
         ca_cert=directory / "ca.crt",
+        ca_key=directory / "ca.key",
         serving_cert=directory / "apiserver.crt",
         serving_key=directory / "apiserver.key",
         sa_public=directory / "sa.pub",
@@ -135,6 +138,7 @@ def generate(directory: Path) -> Pki:
         admin_key=directory / "admin.key",
     )
     _write_cert(pki.ca_cert, ca)
+    _write_key(pki.ca_key, ca_key)
     _write_cert(pki.serving_cert, serving)
     _write_key(pki.serving_key, serving_key)
     _write_cert(pki.admin_cert, admin)
