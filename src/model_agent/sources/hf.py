@@ -39,11 +39,6 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urljoin, urlsplit
 
-from huggingface_hub import HfApi, get_hf_file_metadata, hf_hub_download, hf_hub_url
-from huggingface_hub import constants as hf_constants
-from huggingface_hub import errors as hf_errors
-from huggingface_hub.hf_api import RepoFile
-
 from model_agent.local.capacity import REGISTRY, Reservation, is_disk_full
 from model_agent.local.manifest import FileRecord, file_digest
 from model_agent.model.uris import parse_hf_uri
@@ -71,9 +66,15 @@ class RemoteFile:
     git_sha1: str | None
 
 
+# huggingface_hub is imported where it is used, not here: it costs about 8 MiB of RSS, which a node
+# without hf:// models never pays (tests/unit/test_lazy_imports.py checks the runtime does not import it).
+
+
 def _classify(exc: Exception, repo: str, revision: str) -> SourceError:
     if isinstance(exc, OSError) and is_disk_full(exc):
         return SourceError("InsufficientDisk", f"{repo}: the disk filled up while downloading (partial kept)")
+    from huggingface_hub import errors as hf_errors
+
     if isinstance(exc, hf_errors.RevisionNotFoundError):
         return SourceError("RevisionNotFound", f"revision {revision!r} of {repo} does not exist")
     if isinstance(exc, hf_errors.GatedRepoError):
@@ -111,6 +112,8 @@ class _Location:
             return self.found
 
     def _lookup(self) -> str:
+        from huggingface_hub import get_hf_file_metadata
+
         meta = get_hf_file_metadata(
             self.url,
             token=self.token or False,
@@ -138,6 +141,9 @@ class HuggingFaceSource:
 
     def _resolve(self, repo: str, revision: str, token: str | None) -> tuple[str, list[RemoteFile]]:
         """Resolve the revision to a commit, then list every file of that commit with sizes and hashes."""
+        from huggingface_hub import HfApi
+        from huggingface_hub.hf_api import RepoFile
+
         api = HfApi(endpoint=self.endpoint, token=token or False)
         info = api.model_info(repo, revision=revision, timeout=METADATA_TIMEOUT_S)
         commit = info.sha or revision
@@ -152,6 +158,8 @@ class HuggingFaceSource:
         return commit, files
 
     def _download_one(self, repo: str, commit: str, remote: RemoteFile, staging: Path, token: str | None) -> None:
+        from huggingface_hub import hf_hub_download
+
         hf_hub_download(
             repo,
             remote.path,
@@ -258,6 +266,9 @@ class HuggingFaceSource:
         """LFS files through the ranged engine (parallel ranges, resumable part maps, sha256 verified)."""
         if not files:
             return []
+        from huggingface_hub import constants as hf_constants
+        from huggingface_hub import hf_hub_url
+
         token = request.token
         endpoint = self.endpoint or hf_constants.ENDPOINT
         endpoint_host = urlsplit(endpoint).netloc
