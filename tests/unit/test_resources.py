@@ -329,3 +329,22 @@ def test_from_dict_raises_only_invalid_model(raw: Any) -> None:
             ModelObject.from_dict(kind, raw)
         except InvalidModel as exc:
             assert exc.reason
+
+
+@pytest.mark.parametrize(
+    ("obj", "key"),
+    [
+        ({"kind": "ClusterBaseModel", "metadata": {"name": "m"}}, "ClusterBaseModel//m"),
+        ({"kind": "BaseModel", "metadata": {"name": "m", "namespace": "team"}}, "BaseModel/team/m"),
+        ({"kind": "Pod", "metadata": {"name": "m"}}, None),
+        ({"kind": "BaseModel", "metadata": {}}, None),
+        ({"kind": "BaseModel"}, None),
+        ({"kind": "BaseModel", "metadata": "nonsense"}, None),
+    ],
+)
+def test_model_ref_from_object(obj: dict[str, Any], key: str | None) -> None:
+    if key is None:
+        with pytest.raises(ValueError):
+            ModelRef.from_object(obj)
+    else:
+        assert ModelRef.from_object(obj).key == key

@@ -112,6 +112,20 @@ class ModelRef:
             raise ValueError(f"not a model key: {key!r}")
         return cls(ModelKind(kind), namespace, name)
 
+    @classmethod
+    def from_object(cls, obj: Mapping[str, Any]) -> ModelRef:
+        """The reference of a model object as the API server sends it; ``ValueError`` for another kind or no name.
+
+        The one place that reads ``kind`` and ``metadata`` of a raw model object for its identity, so a missing
+        ``metadata`` or namespace (a ClusterBaseModel has none) is handled once.
+        """
+        meta = obj.get("metadata")
+        meta = meta if isinstance(meta, Mapping) else {}
+        name = str(meta.get("name") or "")
+        if not name:
+            raise ValueError("a model object without metadata.name")
+        return cls(ModelKind(str(obj.get("kind") or "")), str(meta.get("namespace") or ""), name)
+
     def __str__(self) -> str:
         return self.key
 

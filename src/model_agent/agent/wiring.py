@@ -1,0 +1,205 @@
+"""Wiring: every collaborator of one agent process, built once from the settings, in dependency order.
+
+Role: the one place that knows how the layers fit — which reflector feeds which handler, which queue the
+fetcher wakes, which breaker the remover asks, which sources the reconciler may use. Nothing here decides or
+acts; the objects it builds do. :class:`~model_agent.agent.runtime.Agent` runs them.
+
+Contract:
+
+* Built before the event loop runs anything: no I/O, no tasks (``Agent.start`` starts them).
+* The watch callbacks go to :class:`~model_agent.agent.watch_handlers.WatchHandlers`, the Node-level
+  warnings (breaker trips, denied requests) to :class:`~model_agent.agent.node_alerts.NodeAlerts`; both are
+  given here and reach the collaborators through this object once it is complete (``attach``), so a callback
+  never sees a half-built agent: reflectors deliver nothing before ``Agent.start``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from typing import TYPE_CHECKING
+
+from model_agent.agent.breaker import Breaker
+from model_agent.agent.confirm import Confirmer
+from model_agent.agent.fetcher import Fetcher
+from model_agent.agent.node_configmap import NodeConfigMap
+from model_agent.agent.node_labels import NodeLabels
+from model_agent.agent.origin_slots import OriginSlots
+from model_agent.agent.reconciler import Context, Reconciler
+from model_agent.agent.removal import RemovalContext, Remover
+from model_agent.agent.resolve_cache import ResolveCache
+from model_agent.agent.settings import Settings
+from model_agent.agent.shared_root import SharedRoots
+from model_agent.agent.supervisor import Supervisor
+from model_agent.kube.client import KubeClient
+from model_agent.kube.ratelimit import TokenBucket
+from model_agent.kube.reflector import Reflector
+from model_agent.kube.resources import BASEMODELS, CLUSTERBASEMODELS, CONFIGMAPS, NODES
+from model_agent.kube.workqueue import WorkQueue
+from model_agent.local import capacity
+from model_agent.local.capacity import DiskReserve
+from model_agent.local.layout import Layout
+from model_agent.local.manifest import ManifestStore
+from model_agent.local.trash import Trash
+from model_agent.model.keys import ModelKind
+from model_agent.model.selection import INSTANCE_TYPE_MAP_ENV, parse_instance_type_map
+from model_agent.model.uris import StorageType
+from model_agent.ops.events import EventRecorder
+from model_agent.ops.metrics import Metrics
+from model_agent.sources.cloud import CloudSource
+from model_agent.sources.hf import HuggingFaceSource
+from model_agent.sources.oci import OciSource
+from model_agent.sources.s3 import S3Source
+
+if TYPE_CHECKING:
+    from model_agent.agent.node_alerts import NodeAlerts
+    from model_agent.agent.watch_handlers import WatchHandlers
+
+
+class Wiring:
+    """The collaborators of one agent, as attributes (``wiring.queue``, ``wiring.reconciler``, ...)."""
+
+    def __init__(self, settings: Settings, client: KubeClient, handlers: WatchHandlers, alerts: NodeAlerts) -> None:
+        self.settings = settings
+        self.client = client
+        self.metrics = Metrics()
+        client.observers.append(self.metrics.observe_api)
+        client.observers.append(alerts.note_forbidden)
+        if settings.api_qps > 0:
+            client.before_request = TokenBucket(settings.api_qps, settings.api_burst).acquire
+        self.layout = Layout(settings.models_root_dir, list(settings.allowed_roots), settings.state_dir)
+        capacity.REGISTRY.configure(DiskReserve.parse(settings.disk_reserve))
+        self.manifests = ManifestStore(self.layout)
+        self.trash = Trash(self.layout)
+        self.queue: WorkQueue[str] = WorkQueue(
+            "models",
+            on_wait=lambda _k, s: self.metrics.queue_latency.observe(s),
+            on_processed=lambda _k, s: self.metrics.reconcile_duration.observe(s),
+        )
+        node = settings.node_name
+        self.models = {
+            ModelKind.BASE_MODEL.value: Reflector(client, BASEMODELS, handlers.on_model_change),
+            ModelKind.CLUSTER_BASE_MODEL.value: Reflector(client, CLUSTERBASEMODELS, handlers.on_model_change),
+        }
+        self.node = Reflector(client, NODES, handlers.on_node_change, field_selector=f"metadata.name={node}")
+        self.configmap = Reflector(
+            client,
+            CONFIGMAPS,
+            handlers.on_configmap_change,
+            namespace=settings.namespace,
+            field_selector=f"metadata.name={node}",
+        )
+        self.reflectors = [*self.models.values(), self.node, self.configmap]
+        for reflector in self.reflectors:
+            reflector.on_relist = handlers.on_relist
+        self.events = EventRecorder(client, host=node)
+        self.labels = NodeLabels(client, node, lambda: self.node.store.get(node), attempts=settings.node_label_retry)
+        self.node_configmap = NodeConfigMap(
+            client,
+            settings.namespace,
+            node,
+            lambda: self.configmap.store.get(f"{settings.namespace}/{node}"),
+            events=self.events,
+            metrics=self.metrics,
+            node_object=lambda: self.node.store.get(node),
+        )
+        self.fetcher = Fetcher(settings.num_download_worker, self.queue.add)
+        # A models root mounted on many nodes: one fetch for all, files removed only once gone (agent/shared_root.py)
+        self.shared_roots = SharedRoots(
+            client,
+            settings.namespace,
+            node,
+            self.layout,
+            self.manifests,
+            forced=settings.shared_root,
+            lease_s=settings.origin_lease_s,
+            requeue=self.queue.add,
+        )
+        self.origin = OriginSlots(
+            client, settings.namespace, node, settings.max_concurrent_origin_fetches, lease_s=settings.origin_lease_s
+        )
+        self.resolve_cache = (
+            ResolveCache(
+                client,
+                settings.namespace,
+                lock=OriginSlots(client, settings.namespace, node, 1, lease_s=settings.origin_lease_s, poll_s=0.5),
+            )
+            if settings.max_concurrent_origin_fetches
+            else None
+        )
+        self.breaker = Breaker(
+            ratio=settings.delete_breaker_ratio,
+            minimum=settings.delete_breaker_min,
+            window_s=settings.delete_breaker_window_s,
+            settle_s=settings.delete_settle_s,
+            resume_file=self.layout.primary.private / "resume",
+        )
+        self.breaker.on_change = alerts.on_breaker_change
+        self.confirmer = Confirmer(
+            client,
+            deadline_s=settings.confirm_timeout_s,
+            batch_threshold=settings.confirm_batch_threshold if settings.confirm_batch_threshold >= 0 else None,
+            on_read=lambda method: self.metrics.confirmation_reads.labels(method).inc(),
+            debounce_s=settings.confirm_debounce_s,
+            jitter_s=min(1.0, settings.confirm_debounce_s),
+        )
+        self.remover = Remover(
+            RemovalContext(
+                client=client,
+                node_name=node,
+                layout=self.layout,
+                manifests=self.manifests,
+                trash=self.trash,
+                labels=self.labels,
+                configmap=self.node_configmap,
+                fetcher=self.fetcher,
+                events=self.events,
+                metrics=self.metrics,
+                breaker=self.breaker,
+                cached_models=handlers.cached_models,
+                confirm_deadline_s=settings.confirm_timeout_s,
+                repair_cache=handlers.repair_cache,
+                confirmer=self.confirmer,
+                shared_roots=self.shared_roots,
+            )
+        )
+        s3 = S3Source(ranged=settings.ranged_config())
+        cloud = CloudSource(ranged=settings.ranged_config())  # gs:// and az:// (one instance: stores are cached)
+        self.reconciler = Reconciler(
+            Context(
+                client=client,
+                node_name=node,
+                namespace=settings.namespace,
+                layout=self.layout,
+                manifests=self.manifests,
+                trash=self.trash,
+                labels=self.labels,
+                configmap=self.node_configmap,
+                fetcher=self.fetcher,
+                events=self.events,
+                metrics=self.metrics,
+                remover=self.remover,
+                hf=HuggingFaceSource(
+                    settings.hf_endpoint,
+                    resolve_cache=self.resolve_cache,
+                    user_agent=f"model-agent/{node}",
+                    ranged=settings.ranged_config(),
+                ),
+                models_store={kind: r.store for kind, r in self.models.items()},
+                requeue_after=handlers.requeue_after,
+                busy=lambda: self.queue.depth + self.queue.processing_count > 0,
+                sources={
+                    StorageType.S3: s3,
+                    StorageType.OCI: OciSource(ranged=settings.ranged_config(), s3=s3),
+                    StorageType.GCS: cloud,
+                    StorageType.AZURE: cloud,
+                },
+                instance_type_map=parse_instance_type_map(os.environ.get(INSTANCE_TYPE_MAP_ENV)),
+                origin_slots=self.origin.hold,
+                download_limits=settings.download_limits(),
+                max_failed_per_namespace=settings.max_failed_per_namespace,
+                shared_roots=self.shared_roots,
+            )
+        )
+        self.supervisor = Supervisor(on_failure=lambda name: self.metrics.task_failures.labels(name).inc())
+        self.started = asyncio.Event()  # set once every cache has synced: nothing is reconciled before
