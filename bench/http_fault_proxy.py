@@ -9,7 +9,7 @@ and response body bytes, and, when armed, injecting one kind of fault:
 * ``reply_429``: answer the next K requests matching a path suffix (and method) with ``429`` carrying
   ``Retry-After`` and the Hub's ``RateLimit`` / ``RateLimit-Policy`` headers, without forwarding them.
 
-tests/support/faultproxy.py is a Kubernetes API proxy (it classifies API verbs, edits watches and LIST
+testbed/proxies/faultproxy.py is a Kubernetes API proxy (it classifies API verbs, edits watches and LIST
 answers, and re-sends through aiohttp), so it does not fit byte streams of several GB; this one is a plain
 asyncio stream pump that understands just enough HTTP (request heads, ``Content-Length``,
 ``Content-Range``, keep-alive) to count and to inject. It runs in its own thread and event loop; counters

@@ -23,10 +23,9 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from tests.support.fake_oci import FakeOciObjectStorage, write_user_principal
-
 from model_agent.sources.base import FetchRequest
 from model_agent.sources.oci import OciSource
+from tests.support.fake_oci import FakeOciObjectStorage, write_user_principal
 
 MiB = 1024 * 1024
 
