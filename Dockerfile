@@ -45,8 +45,8 @@ LABEL org.opencontainers.image.title="model-agent" \
       org.opencontainers.image.version="${VERSION}" \
       org.opencontainers.image.licenses="Apache-2.0"
 
-# The base image's own installer is not needed at run time.
-RUN python -m pip uninstall --yes --no-cache-dir pip setuptools wheel \
+# The base image's own installer is not needed at run time (a base built without pip has none to remove).
+RUN if python -m pip --version > /dev/null 2>&1; then python -m pip uninstall --yes --no-cache-dir pip setuptools wheel; fi \
  && groupadd --system --gid 65532 model-agent \
  && useradd --system --uid 65532 --gid 65532 --home-dir /tmp --no-create-home \
       --shell /usr/sbin/nologin model-agent

@@ -6,7 +6,7 @@ VENV    := .venv
 BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 
-.PHONY: setup demo test lint unit e2e bench bench-download clean
+.PHONY: setup demo test lint unit e2e bench bench-download clean image
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -16,6 +16,11 @@ $(STAMP): pyproject.toml
 
 setup: $(STAMP)
 	$(BIN)/python -m testbed build --with-helm --with-emulators --with-olah
+
+# The agent image from Dockerfile, on a base bootstrapped from the apt mirror (no registry needed);
+# prints the cached OCI archive and its name (import: ctr -n k8s.io images import <archive>).
+image: $(STAMP)
+	$(BIN)/python -m testbed image
 
 demo: setup
 	$(BIN)/python -m testbed demo

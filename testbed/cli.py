@@ -13,8 +13,10 @@ from typing import Annotated
 import typer
 
 from testbed import demo
+from testbed import image as agent_image
 from testbed.servers import azurite, fakegcs, olah
 from testbed.servers import controlplane as cp
+from testbed.servers import node as realnode
 
 app = typer.Typer(
     help="The test bed: a real local Kubernetes control plane (kube-apiserver + etcd), emulators, and the demo.",
@@ -43,12 +45,26 @@ def up(
     state_dir: StateDir = None,
     node: Annotated[list[str] | None, typer.Option("--node", help="Create a Node with this name (repeatable).")] = None,
     port: Annotated[int | None, typer.Option("--port", help="kube-apiserver port (default: a free one).")] = None,
+    with_node: Annotated[
+        bool,
+        typer.Option(
+            "--with-node", help="Also run a real node: kubelet, containerd, controller manager, scheduler (root)."
+        ),
+    ] = False,
 ) -> None:
     """Build if needed, start, bootstrap CRDs/Namespace/Nodes; print the kubeconfig path on stdout."""
     plane = cp.ControlPlane(state_dir)
     try:
-        plane.up(node or [], apiserver_port=port, echo=_echo)
-    except cp.ControlPlaneError as exc:
+        if with_node:
+            real = realnode.Node(plane)
+            real.preflight()
+            built = agent_image.build_agent_image(echo=_echo)
+            plane.up(node or [], apiserver_port=port, echo=_echo, real_nodes=realnode.apiserver_flags)
+            real.up(images=[(built.archive, built.ref)], echo=_echo)
+            _echo(f"agent image {built.ref} imported; models root {real.models_root}")
+        else:
+            plane.up(node or [], apiserver_port=port, echo=_echo)
+    except (cp.ControlPlaneError, agent_image.ImageError) as exc:
         raise _fail(exc) from None
     typer.echo(str(plane.kubeconfig))
 
@@ -57,6 +73,12 @@ def up(
 def down(state_dir: StateDir = None) -> None:
     """Stop the control plane recorded in the state directory. Exit 0 when nothing was running."""
     plane = cp.ControlPlane(state_dir)
+    real = realnode.Node(plane)
+    if real.read_state() is not None or real.snapshot_file.is_file():
+        failures = real.down()
+        for failure in failures:
+            _echo(f"could not restore: {failure}")
+        _echo("stopped the node and restored the host" if not failures else "stopped the node")
     if plane.down():
         _echo(f"stopped the control plane in {plane.state_dir}")
     else:
@@ -91,6 +113,10 @@ def build_cmd(
     with_olah: Annotated[
         bool, typer.Option("--with-olah", help="Also install the Hugging Face mirror olah into its own venv.")
     ] = False,
+    with_node: Annotated[
+        bool,
+        typer.Option("--with-node", help="Also build the kubelet, controller manager, scheduler and the agent image."),
+    ] = False,
 ) -> None:
     """Build (or find cached) kube-apiserver and etcd binaries for the pinned Kubernetes version."""
     try:
@@ -102,5 +128,18 @@ def build_cmd(
             azurite.ensure_azurite(echo=_echo)
         if with_olah:
             olah.ensure_olah(olah.default_venv_dir())
-    except (cp.ControlPlaneError, azurite.AzuriteError, olah.OlahError) as exc:
+        if with_node:
+            realnode.build(echo=_echo)
+            agent_image.build_agent_image(echo=_echo)
+    except (cp.ControlPlaneError, azurite.AzuriteError, olah.OlahError, agent_image.ImageError) as exc:
         raise _fail(exc) from None
+
+
+@app.command("image")
+def image_cmd() -> None:
+    """Build the agent image from Dockerfile on a locally bootstrapped base; print the OCI archive and ref."""
+    try:
+        built = agent_image.build_agent_image(echo=_echo)
+    except agent_image.ImageError as exc:
+        raise _fail(exc) from None
+    typer.echo(f"{built.archive} {built.ref}")

@@ -115,7 +115,9 @@ def build_base(*, echo: Echo = _noop) -> Path:
         echo(f"base image: using cached {target}")
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = target.with_suffix(".tar.tmp")
+    # mmdebstrap picks its output format from the name: the partial file must end in .tar too.
+    tmp = target.with_name(target.stem + ".partial.tar")
+    tmp.unlink(missing_ok=True)
     mirror = [str(APT_SOURCES)] if APT_SOURCES.is_file() else []
     echo(f"bootstrapping the base image ({SUITE} minbase + {' '.join(BASE_PACKAGES)}) with mmdebstrap")
     started = time.monotonic()
