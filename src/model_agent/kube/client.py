@@ -147,6 +147,7 @@ class KubeClient:
         tokens = _kubeconfig.TokenSource(creds)
 
         async def authorization() -> str | None:
+            """The token header, re-read from its file when a minute old (a rotated projected token)."""
             return tokens.header()
 
         return cls(session, creds.host, authorization)

@@ -64,6 +64,8 @@ class Material:
 
 @dataclass(frozen=True)
 class Credentials:
+    """How to reach one API server: its URL, the TLS material (https only) and at most one token source."""
+
     host: str
     ca: Material | None = None
     client_cert: Material | None = None
@@ -83,6 +85,7 @@ class TokenSource:
     _read_at: float = field(default=float("-inf"), init=False)
 
     def header(self) -> str | None:
+        """The ``Authorization`` value (``Bearer ...``), or None when the credentials carry no token."""
         creds = self.credentials
         if creds.token:
             return f"Bearer {creds.token}"
