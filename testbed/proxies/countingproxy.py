@@ -20,9 +20,6 @@ Contract:
 
 from __future__ import annotations
 
-import asyncio
-import concurrent.futures
-import contextlib
 import dataclasses
 import socket
 import threading
@@ -33,8 +30,8 @@ import aiohttp
 from aiohttp import web
 from yarl import URL
 
-START_TIMEOUT_S = 60.0
-STOP_TIMEOUT_S = 10.0
+from testbed.proxies.loop_thread import LoopThread
+
 _CHUNK = 256 * 1024
 _HOP_BY_HOP = frozenset(
     {
@@ -84,7 +81,7 @@ def max_concurrent_clients(records: list[ServedRequest], path_contains: str) -> 
     return best
 
 
-class CountingProxy:
+class CountingProxy(LoopThread):
     """A reverse proxy to ``upstream`` (``http://host:port``) that records every request; see the module doc."""
 
     def __init__(self, upstream: str = "", *, rewrite: Callable[[web.Request], str] | None = None) -> None:
@@ -92,8 +89,6 @@ class CountingProxy:
         self._rewrite = rewrite
         self._lock = threading.Lock()
         self._records: list[ServedRequest] = []
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._thread: threading.Thread | None = None
         self._runner: web.AppRunner | None = None
         self._session: aiohttp.ClientSession | None = None
         self.port = 0
@@ -122,20 +117,11 @@ class CountingProxy:
     # -- lifecycle
     def start(self) -> int:
         """Start serving in the proxy's own thread and return its port."""
-        ready: concurrent.futures.Future[int] = concurrent.futures.Future()
-        self._thread = threading.Thread(target=self._run, args=(ready,), name="counting-proxy", daemon=True)
-        self._thread.start()
-        self.port = ready.result(timeout=START_TIMEOUT_S)
-        return self.port
+        return self._start_thread("counting-proxy")
 
     def stop(self) -> None:
         """Stop serving and join the thread; idempotent."""
-        loop, thread = self._loop, self._thread
-        if loop is not None and thread is not None and thread.is_alive():
-            loop.call_soon_threadsafe(loop.stop)
-            thread.join(STOP_TIMEOUT_S)
-        self._loop = self._thread = None
-        self.port = 0
+        self._stop_thread()
 
     def __enter__(self) -> CountingProxy:
         self.start()
@@ -143,22 +129,6 @@ class CountingProxy:
 
     def __exit__(self, *_exc: object) -> None:
         self.stop()
-
-    def _run(self, ready: concurrent.futures.Future[int]) -> None:
-        loop = asyncio.new_event_loop()
-        self._loop = loop
-        try:
-            try:
-                port = loop.run_until_complete(self._setup())
-            except BaseException as exc:
-                ready.set_exception(exc)
-                return
-            ready.set_result(port)
-            loop.run_forever()
-        finally:
-            with contextlib.suppress(Exception):
-                loop.run_until_complete(self._cleanup())
-            loop.close()
 
     async def _setup(self) -> int:
         self._session = aiohttp.ClientSession(

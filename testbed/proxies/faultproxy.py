@@ -45,8 +45,6 @@ Contract:
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
-import contextlib
 import dataclasses
 import json
 import re
@@ -63,13 +61,12 @@ from aiohttp import web
 from multidict import CIMultiDict
 from yarl import URL
 
+from testbed.proxies.loop_thread import LoopThread
 from testbed.servers.service import ManagedService
 
 JSON = dict[str, Any]
 T = TypeVar("T")
 
-START_TIMEOUT_S = 30.0
-STOP_TIMEOUT_S = 10.0
 CALL_TIMEOUT_S = 10.0
 # Headers that describe one hop, or that aiohttp sets itself from the body it sends.
 _HOP_BY_HOP = frozenset(
@@ -479,7 +476,7 @@ def _kubeconfig_path(value: Any, base: Path) -> Path:
     return path if path.is_absolute() else base / path
 
 
-class FaultProxy(ManagedService):
+class FaultProxy(LoopThread, ManagedService):
     """The proxy. ``FaultProxy(upstream_url, ca, cert, key)``, then :meth:`start` (or ``with``/``async with``)."""
 
     def __init__(
@@ -505,8 +502,6 @@ class FaultProxy(ManagedService):
         self._watches: list[_OpenWatch] = []
         self._active: dict[int, web.BaseRequest] = {}  # in-flight requests by id(); loop-only
         self._stopping = False
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._thread: threading.Thread | None = None
         self._runner: web.AppRunner | None = None
         self._session: aiohttp.ClientSession | None = None
         self.port = 0
@@ -715,24 +710,11 @@ class FaultProxy(ManagedService):
         if self._thread is not None:
             return self.port
         self._stopping = False
-        ready: concurrent.futures.Future[int] = concurrent.futures.Future()
-        self._thread = threading.Thread(target=self._run, args=(ready,), name="faultproxy", daemon=True)
-        self._thread.start()
-        try:
-            self.port = ready.result(timeout=START_TIMEOUT_S)
-        except BaseException:
-            self.stop()
-            raise
-        return self.port
+        return self._start_thread("faultproxy")
 
     def stop(self) -> None:
         """Close every connection (open watches included) and end the thread. Idempotent."""
-        loop, thread = self._loop, self._thread
-        if loop is not None and thread is not None and thread.is_alive():
-            loop.call_soon_threadsafe(loop.stop)
-            thread.join(STOP_TIMEOUT_S)
-        self._loop = self._thread = None
-        self.port = 0
+        self._stop_thread()
 
     async def astart(self) -> int:
         """:meth:`start` in a worker thread; returns the port."""
@@ -755,27 +737,6 @@ class FaultProxy(ManagedService):
             raise RuntimeError("the fault proxy is not running: call start() first")
         future = asyncio.run_coroutine_threadsafe(coro, loop)
         return await asyncio.wait_for(asyncio.wrap_future(future), timeout)
-
-    def _run(self, ready: concurrent.futures.Future[int]) -> None:
-        loop = asyncio.new_event_loop()
-        self._loop = loop
-        try:
-            try:
-                port = loop.run_until_complete(self._setup())
-            except BaseException as exc:
-                ready.set_exception(exc)
-                return
-            ready.set_result(port)
-            loop.run_forever()
-        finally:
-            with contextlib.suppress(Exception):
-                loop.run_until_complete(self._cleanup())
-            pending = [t for t in asyncio.all_tasks(loop) if not t.done()]
-            for task in pending:
-                task.cancel()
-            if pending:
-                loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
-            loop.close()
 
     async def _setup(self) -> int:
         self._session = aiohttp.ClientSession(
