@@ -166,6 +166,10 @@ class Bench:
         fetch_cpu = _agent_fetch_cpu(measured.output) if peer.name.startswith("agent-") else None
         if fetch_cpu is not None:
             extra["fetch_cpu_s_per_gb"] = round(fetch_cpu / (size / 1e9), 3)
+        fetch_doc = _agent_fetch_line(measured.output) if peer.name.startswith("agent-") else None
+        if fetch_doc is not None and fetch_doc.get("fetch_wall_s"):
+            # A running agent never pays interpreter start-up per model: this is the rate a node sees.
+            extra["fetch_gb_s"] = round(size / float(fetch_doc["fetch_wall_s"]) / 1e9, 4)
         row: dict[str, Any] = {
             "kind": "run",
             "suite": self.suite,
@@ -244,16 +248,25 @@ def _tool_limits(specs: list[str]) -> dict[str, set[str]]:
     return limits
 
 
-def _agent_fetch_cpu(output: str) -> float | None:
-    """CPU seconds of the fetch itself, from agent_fetch.py's JSON line (start-up and imports excluded)."""
+def _agent_fetch_line(output: str) -> dict[str, Any] | None:
+    """agent_fetch.py's JSON line: the fetch itself (start-up and imports excluded)."""
     for line in reversed(output.splitlines()):
         if line.startswith("{") and "fetch_user_s" in line:
             try:
-                doc = json.loads(line)
-                return float(doc["fetch_user_s"]) + float(doc["fetch_sys_s"])
-            except (ValueError, KeyError):
+                doc: dict[str, Any] = json.loads(line)
+                return doc
+            except ValueError:
                 return None
     return None
+
+
+def _agent_fetch_cpu(output: str) -> float | None:
+    """CPU seconds of the fetch itself, from agent_fetch.py's JSON line (start-up and imports excluded)."""
+    doc = _agent_fetch_line(output)
+    try:
+        return None if doc is None else float(doc["fetch_user_s"]) + float(doc["fetch_sys_s"])
+    except (KeyError, TypeError, ValueError):
+        return None
 
 
 def _idle_rss(bench: Bench) -> dict[str, float]:

@@ -29,7 +29,7 @@ from cryptography.x509.oid import NameOID
 
 from model_agent.local.capacity import CapacityRegistry, DiskReserve, DiskUsage
 from model_agent.sources.base import SourceError
-from model_agent.transfer import Expected, RangedConfig, RangedDownloader, job, splice
+from model_agent.transfer import Expected, RangedConfig, RangedDownloader, hashing, job, splice
 from tests.support.waiting import eventually
 
 KiB = 1024
@@ -205,6 +205,42 @@ async def test_parallel_download_is_byte_identical_and_verified(tmp_path: Path) 
     assert origin.bytes_sent == len(data)
     state = json.loads(Path(f"{dest}.parts.json").read_bytes())
     assert state["complete"] is True and state["digests"]["sha256"] == digests(data)["sha256"]
+
+
+async def test_the_receive_stays_within_one_round_of_slots_of_the_hash(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """sha256 is sequential and the receive is parallel: with a hash slower than the link, the transfer is held
+    to concurrency x part_size ahead of the hashed prefix, so the last byte is verified moments after it lands
+    (unbounded, the transfer ended with most of the file still to hash, one core idle meanwhile)."""
+    data = os.urandom(8 * MiB)
+    origin = await origin_for(data)
+    hashed = 0
+    written = 0
+    widest = 0
+    real = hashing.hash_mapped
+
+    def slow_hash(fd: int, hasher: hashing.Hasher, offset: int, length: int) -> None:
+        nonlocal hashed
+        time.sleep(0.02)  # a hash far slower than loopback (the thing under test, not a synchronisation)
+        real(fd, hasher, offset, length)
+        hashed = max(hashed, offset + length)
+
+    def on_bytes(n: int) -> None:
+        nonlocal written, widest
+        written += n
+        widest = max(widest, written - hashed)
+
+    monkeypatch.setattr(hashing, "hash_mapped", slow_hash)
+    try:
+        got = await engine(FAST).download(
+            origin.url, tmp_path / "f", Expected(len(data), digests(data)), on_bytes=on_bytes
+        )
+    finally:
+        await origin.stop()
+    assert got.digests == digests(data)
+    # a part may start while its first byte is inside the lead, so one part more than the lead can be unhashed
+    assert widest <= FAST.concurrency * FAST.part_size + FAST.part_size
 
 
 async def test_plain_http_bodies_take_the_receive_path_chosen(

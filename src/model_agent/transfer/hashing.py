@@ -20,7 +20,7 @@ MiB = 1024 * 1024
 SUPPORTED_CHECKSUMS = frozenset({"md5", "sha1", "sha256", "crc32", "crc32c"})
 HASH_BLOCK = 2 * MiB
 HASH_WINDOW = 8 * MiB  # mapped at a time while hashing beside the transfer (counts in RSS while mapped)
-HASH_STEP = 64 * MiB  # hashed per thread call (fewer event-loop round trips; a window at a time)
+HASH_STEP = 16 * MiB  # hashed per thread call: a part's worth, so the transfer's lead over the hash moves smoothly
 CRC32C_CHUNK = 256 * 1024  # google-crc32c takes bytes only: fed in copies this small (they stay in cache)
 
 
