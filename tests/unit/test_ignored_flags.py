@@ -7,13 +7,19 @@ had no way to know. Now each one that is set (flag or environment) is one warnin
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
 from typing import Any
 
 import pytest
+import structlog
 from structlog.testing import capture_logs
+from typer.testing import CliRunner
 
 from model_agent.agent.ignored_flags import IGNORED, ignored_flags, warn_ignored
 from model_agent.agent.settings import Settings
+from model_agent.cli import run as run_mod
+from model_agent.cli.main import app
 
 
 def settings(**values: Any) -> Settings:
@@ -53,3 +59,40 @@ def test_warn_ignored_logs_one_warning_per_flag() -> None:
     warnings = [e for e in logs if e["log_level"] == "warning"]
     assert [(e["flag"], e["value"]) for e in warnings] == [("--download-retry", 9)]
     assert "ignored" in warnings[0]["event"]
+
+
+class _Exited(Exception):
+    def __init__(self, code: int) -> None:
+        self.code = code
+
+
+def test_model_agent_run_warns_when_an_ignored_flag_is_given(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The agent itself does not start: its main coroutine and the final os._exit are replaced, so only the
+    # command's configuration step (settings, layout, logging, the warning) runs for real.
+    seen: list[list[str]] = []
+
+    async def no_agent(_settings: Settings) -> int:
+        return 0
+
+    def fake_exit(code: int) -> None:
+        raise _Exited(code)
+
+    def record(found_settings: Settings) -> Any:
+        found = warn_ignored(found_settings)
+        seen.append([f.flag for f in found])
+        return found
+
+    monkeypatch.setattr(run_mod, "_main", no_agent)
+    monkeypatch.setattr(run_mod, "warn_ignored", record)
+    monkeypatch.setattr(os, "_exit", fake_exit)
+    monkeypatch.setenv("NODE_NAME", "node-1")
+    root = tmp_path / "models"
+    root.mkdir()
+    try:
+        result = CliRunner().invoke(
+            app, ["run", "--models-root-dir", str(root), "--concurrency", "2", "--download-retry", "5"]
+        )
+    finally:
+        structlog.reset_defaults()
+    assert isinstance(result.exception, _Exited) and result.exception.code == 0, result.output
+    assert seen == [["--download-retry", "--concurrency"]]

@@ -19,6 +19,7 @@ import structlog
 import typer
 from pydantic import ValidationError
 
+from model_agent.agent.ignored_flags import warn_ignored
 from model_agent.agent.runtime import Agent
 from model_agent.agent.settings import Settings
 from model_agent.kube.client import KubeClient
@@ -168,6 +169,7 @@ def run(
         # nested roots, a --state-dir inside a root: refused here
         Layout(settings.models_root_dir, list(settings.allowed_roots), settings.state_dir)
         agent_logging.configure(settings.log_level)
+        warn_ignored(settings)  # OME flags accepted for compatibility that have no effect here
         egress.configure(settings.tenancy_policy())  # before any fetch: the rules every source applies
     except (ValidationError, ValueError) as exc:
         typer.echo(f"error: invalid configuration: {exc}", err=True)
