@@ -29,6 +29,7 @@ from typing import Any
 
 import structlog
 
+from model_agent.agent.artifact_reuse import ARTIFACTS_DIR, adopt_or_wait, link_child, shared_target
 from model_agent.agent.converge import Act, Facts, FailureFact, JobFact, LocalDir, ManifestFact, TargetKind, decide
 from model_agent.agent.crash_record import QUARANTINED, CrashRecords, Step
 from model_agent.agent.credentials import model_owner, read_storage_secret, resolve_hf_token
@@ -93,6 +94,8 @@ class Target:
     dest: Path
     root: Root
     storage_type: StorageType
+    # A shared artifact's child (agent/artifact_reuse.py): spec.storage.path, a symlink to ``dest`` once Ready.
+    link: Path | None = None
 
     @property
     def id(self) -> str:
@@ -198,9 +201,16 @@ class Reconciler:
         except PathRefused as exc:
             raise Invalid("PathRefused", str(exc)) from None
         if stype in OWNED_TYPES:
-            conflict = self._older_claim(obj, uri, raw_path, dest)
+            # downloadPolicy ReuseIfExists: one copy per snapshot, the path a link to it (agent/artifact_reuse.py)
+            raw_obj = self.cached_object(obj.ref) or {}
+            shared = shared_target(raw_obj, self.ctx.layout, cluster_scoped=not obj.ref.namespace)
+            if shared is None and ARTIFACTS_DIR in dest.parts:
+                raise Invalid("PathRefused", f"spec.storage.path {raw_path!r} lies in a shared artifact ({dest})")
+            conflict = self._older_claim(obj, uri, raw_path, shared.link if shared else dest)
             if conflict is not None:
                 raise Invalid("PathConflict", f"spec.storage.path {conflict}")
+            if shared is not None:
+                return Target(shared.identity.pinned_uri, shared.parent, root, stype, link=shared.link)
         return Target(uri, dest, root, stype)
 
     def _older_claim(self, obj: ModelObject, uri: str, raw_path: str, dest: Path) -> str | None:
@@ -302,6 +312,25 @@ class Reconciler:
         """Gather the facts for one wanted model, :func:`~model_agent.agent.converge.decide`, and act."""
         ctx = self.ctx
         ctx.remover.ctx.breaker.forget(ref.key)  # wanted here: not a pending removal any more
+        if target.link is not None:  # a shared artifact: adopt a sibling's verified copy, or wait for its fetch
+            adoption = await adopt_or_wait(
+                ctx.manifests,
+                lambda old: ctx.remover.replace_superseded(ref, old, target.id),
+                key=ref.key,
+                uid=obj.metadata.uid,
+                owner=owner_of_model(obj).fingerprint,
+                generation=obj.metadata.generation,
+                storage_uri=target.storage_uri,
+                parent=target.dest,
+                root=target.root,
+                manifest=manifest,
+                fetching=lambda: {j.key for j in ctx.fetcher.jobs() if j.target == target.id},
+            )
+            if adoption.wait:
+                await self._publish_state(ref, obj, ModelState.UPDATING, progress=Progress(phase="queued"))
+                ctx.requeue_after(ref.key, 2.0)
+                return
+            manifest = adoption.manifest
         facts, problems = self._converge_facts(ref, target, manifest)
         if facts.manifest == ManifestFact.DAMAGED:
             log.warning("manifest check failed", key=ref.key, problems=problems[:5])
@@ -325,6 +354,13 @@ class Reconciler:
                 current.reserved = reserved  # a removal honours it even once the object is gone
                 current.removing = ""  # wanted and intact: a removal recorded before a restart is void
                 await asyncio.to_thread(ctx.manifests.save, current, target.root)
+            if target.link is not None:  # the model's path becomes a link to the shared artifact, then Ready
+                try:
+                    await asyncio.to_thread(link_child, ctx.layout, ref.key, target.link, target.dest)
+                except (PathRefused, OSError) as exc:
+                    await self._fail(ref, raw, "PathRefused", str(exc))
+                    ctx.requeue_after(ref.key, 30.0)
+                    return
             await self._publish_state(ref, obj, ModelState.READY, manifest=current)
             self._enrich_spec_later(ref, obj, raw, current)
             return

@@ -43,6 +43,7 @@ from typing import Any
 
 import structlog
 
+from model_agent.agent.artifact_reuse import parent_of_spec, release_child
 from model_agent.agent.breaker import Breaker, Verdict
 from model_agent.agent.confirm import Confirmation, Confirmer, Outcome, confirm_absence
 from model_agent.agent.fetcher import Fetcher
@@ -323,6 +324,7 @@ class Remover:
                 _, resolved = self.ctx.layout.confine(path)
             except PathRefused:
                 continue
+            resolved = parent_of_spec(raw, self.ctx.layout) or resolved  # a shared artifact, linked or not yet
             if not same and (resolved == dest or dest in resolved.parents):
                 return True
         return False
@@ -375,7 +377,10 @@ class Remover:
             await ctx.labels.ensure(ref.label_key, None)
         if ref.configmap_key not in owned_by_others:
             await ctx.configmap.ensure(ref.configmap_key, None)
-        # 4. The weights, only now that nothing advertises them.
+        # 4. The weights, only now that nothing advertises them: a shared artifact's link first (unless reserved),
+        # then the artifact itself like any weights (kept while another live model resolves to it).
+        if manifest is not None and not self._reserved(candidate, confirmation, manifest):
+            await asyncio.to_thread(release_child, ctx.layout, ref.key)
         kept = ""
         if manifest is not None and manifest.owned:
             if not plan.move_files:

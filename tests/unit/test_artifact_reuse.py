@@ -1,0 +1,195 @@
+"""agent/artifact_reuse.py: the sharing decision row by row, the child link, and sibling adoption."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import os
+from pathlib import Path
+
+import pytest
+
+from model_agent.agent.artifact_reuse import (
+    Identity,
+    LinkState,
+    SharingFacts,
+    Sibling,
+    adopt_or_wait,
+    link_child,
+    plan_sharing,
+    release_child,
+    shared_target,
+    sibling_state,
+)
+from model_agent.local.layout import Layout, PathRefused
+from model_agent.local.manifest import FileRecord, Manifest, ManifestStore
+
+SHA = "0e9e39f249a16976918f6564b8830bc894c89659"
+OTHER = "1" * 40
+BASE = SharingFacts(
+    reuse_policy=True,
+    hf_source=True,
+    cluster_scoped=True,
+    path="/mnt/models/llama",
+    uri_repo="meta-llama/Llama-3.1-8B",
+    uri_revision="",
+    annotated_id="meta-llama/Llama-3.1-8B",
+    annotated_commit=SHA,
+    link=LinkState.ABSENT,
+)
+
+
+@pytest.mark.parametrize(
+    ("change", "shared", "why"),
+    [
+        ({}, Identity("meta-llama/Llama-3.1-8B", SHA), ""),
+        ({"annotated_commit": SHA.upper()}, Identity("meta-llama/Llama-3.1-8B", SHA), ""),
+        (
+            {"annotated_id": "", "annotated_commit": "", "uri_revision": SHA},
+            Identity("meta-llama/Llama-3.1-8B", SHA),
+            "",
+        ),
+        ({"annotated_id": ""}, Identity("meta-llama/Llama-3.1-8B", SHA), ""),  # the commit alone, the URI's repo
+        ({"uri_revision": SHA}, Identity("meta-llama/Llama-3.1-8B", SHA), ""),  # both agree
+        ({"link": LinkState.SYMLINK}, Identity("meta-llama/Llama-3.1-8B", SHA), ""),  # our link (or a stale one)
+        ({"reuse_policy": False}, None, "not ReuseIfExists"),
+        ({"hf_source": False}, None, "only hf://"),
+        ({"cluster_scoped": False}, None, "only ClusterBaseModels"),
+        ({"path": ""}, None, "not set"),
+        ({"path": "/mnt/models/_artifacts/x"}, None, "'_artifacts' component"),
+        ({"link": LinkState.OCCUPIED}, None, "already exists"),
+        ({"annotated_id": "meta-llama/Other"}, None, "names 'meta-llama/Other'"),
+        ({"annotated_commit": "main"}, None, "not a 40-character"),
+        ({"uri_revision": OTHER}, None, "different commits"),
+        ({"annotated_commit": "", "uri_revision": "main"}, None, "no commit"),
+        ({"annotated_commit": "", "uri_revision": ""}, None, "no commit"),
+        ({"annotated_id": "", "uri_repo": "a/b/c"}, None, "not a Hugging Face model id"),
+        ({"annotated_id": "", "uri_repo": "a/.."}, None, "not a Hugging Face model id"),
+        ({"annotated_id": "", "uri_repo": ""}, None, "not a Hugging Face model id"),
+    ],
+)
+def test_plan_sharing(change: dict[str, object], shared: Identity | None, why: str) -> None:
+    plan = plan_sharing(dataclasses.replace(BASE, **change))  # type: ignore[arg-type]
+    assert plan.identity == shared
+    assert why in plan.why_not
+
+
+def test_identity_layout_and_pinned_source() -> None:
+    identity = Identity("meta-llama/Llama-3.1-8B", SHA)
+    assert identity.pinned_uri == f"hf://meta-llama/Llama-3.1-8B@{SHA}"
+    assert identity.parent_next_to(Path("/mnt/models/x")) == Path(
+        f"/mnt/models/_artifacts/meta-llama/Llama-3.1-8B/{SHA}"
+    )
+
+
+def cluster_model(path: str, uri: str = f"hf://acme/m@{SHA}") -> dict[str, object]:
+    return {
+        "kind": "ClusterBaseModel",
+        "metadata": {"name": "m"},
+        "spec": {"storage": {"storageUri": uri, "path": path, "downloadPolicy": "ReuseIfExists"}},
+    }
+
+
+def test_link_child_is_relative_replaces_only_links_and_release_removes_only_its_own(tmp_path: Path) -> None:
+    layout = Layout(tmp_path)
+    layout.ensure()
+    target = shared_target(cluster_model(str(tmp_path / "a")), layout, cluster_scoped=True)
+    assert target is not None and target.link == tmp_path / "a"
+    target.parent.mkdir(parents=True)
+    (tmp_path / "a").symlink_to("/etc")  # a stale link: replaced, never written through
+    link_child(layout, "k", target.link, target.parent)
+    assert os.readlink(tmp_path / "a") == f"_artifacts/acme/m/{SHA}"
+    link_child(layout, "k", target.link, target.parent)  # idempotent
+    (tmp_path / "c").mkdir()
+    with pytest.raises(PathRefused):
+        link_child(layout, "k2", tmp_path / "c", target.parent)
+    assert (tmp_path / "c").is_dir()
+    release_child(layout, "k")
+    assert not os.path.lexists(tmp_path / "a") and target.parent.is_dir()
+    release_child(layout, "k")  # idempotent
+    # A link re-pointed by someone else is not ours to remove.
+    link_child(layout, "k", target.link, target.parent)
+    (tmp_path / "a").unlink()
+    (tmp_path / "a").symlink_to("/etc")
+    release_child(layout, "k")
+    assert (tmp_path / "a").is_symlink()
+
+
+def test_a_real_directory_at_the_path_means_an_ordinary_fetch(tmp_path: Path) -> None:
+    layout = Layout(tmp_path)
+    (tmp_path / "a").mkdir()
+    assert shared_target(cluster_model(str(tmp_path / "a")), layout, cluster_scoped=True) is None
+    assert shared_target(cluster_model(str(tmp_path / "b")), layout, cluster_scoped=False) is None
+
+
+def test_siblings_adopt_a_verified_copy_and_wait_for_a_running_fetch(tmp_path: Path) -> None:
+    layout = Layout(tmp_path)
+    layout.ensure()
+    store = ManifestStore(layout)
+    parent = tmp_path / "_artifacts" / "acme" / "m" / SHA
+    parent.mkdir(parents=True)
+    (parent / "w").write_bytes(b"x")
+    uri = f"hf://acme/m@{SHA}"
+    assert sibling_state("B", uri, parent, store, set()) == (Sibling.NONE, None)
+    assert sibling_state("B", uri, parent, store, {"A"})[0] == Sibling.FETCHING
+    record = FileRecord("w", 1, mtime_ns=(parent / "w").stat().st_mtime_ns)
+    store.save(Manifest("A", "ua", uri, str(parent), revision=SHA, files=[record]), layout.primary)
+    state, sibling = sibling_state("B", uri, parent, store, set())
+    assert state == Sibling.COPY and sibling is not None and sibling.key == "A"
+
+    async def no_retire(_old: Manifest) -> None:
+        raise AssertionError("nothing to retire")
+
+    adoption = asyncio.run(
+        adopt_or_wait(
+            store,
+            no_retire,
+            key="B",
+            uid="ub",
+            owner="o",
+            generation=2,
+            storage_uri=uri,
+            parent=parent,
+            root=layout.primary,
+            manifest=None,
+            fetching=set,
+        )
+    )
+    assert not adoption.wait and adoption.manifest is not None
+    mine = store.load("B")
+    assert mine is not None and (mine.uid, mine.dest, mine.owner, mine.files) == ("ub", str(parent), "o", [record])
+    # A damaged copy is nobody's to adopt.
+    (parent / "w").write_bytes(b"yy")
+    assert sibling_state("C", uri, parent, store, set())[0] == Sibling.NONE
+
+
+def test_two_models_at_once_one_claims_the_fetch_the_other_waits(tmp_path: Path) -> None:
+    layout = Layout(tmp_path)
+    layout.ensure()
+    store = ManifestStore(layout)
+    parent = tmp_path / "_artifacts" / "acme" / "claims" / SHA
+    uri = f"hf://acme/claims@{SHA}"
+
+    async def retire(_old: Manifest) -> None:
+        return None
+
+    async def both() -> tuple[bool, bool]:
+        def call(key: str):  # type: ignore[no-untyped-def]
+            return adopt_or_wait(
+                store,
+                retire,
+                key=key,
+                uid=key,
+                owner="o",
+                generation=1,
+                storage_uri=uri,
+                parent=parent,
+                root=layout.primary,
+                manifest=None,
+                fetching=set,
+            )
+
+        a, b = await asyncio.gather(call("A"), call("B"))
+        return a.wait, b.wait
+
+    assert sorted(asyncio.run(both())) == [False, True]
