@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import functools
+import hashlib
 import http.client
 import json
 import threading
@@ -126,8 +127,8 @@ class Recorder:
                         if k.lower() not in ("transfer-encoding", "connection", "content-length"):
                             self.send_header(k, v)
                     # A HEAD's length is the object's (it has no body here to count).
-                    length = resp.getheader("Content-Length") if self.command == "HEAD" else None
-                    self.send_header("Content-Length", length or str(len(data)))
+                    head_length = resp.getheader("Content-Length") if self.command == "HEAD" else None
+                    self.send_header("Content-Length", head_length or str(len(data)))
                     self.end_headers()
                     if self.command != "HEAD":
                         self.wfile.write(data)
@@ -493,3 +494,427 @@ async def test_the_node_identity_serves_trusted_models_only(
 
 def _lower(headers: dict[str, str]) -> dict[str, str]:
     return {k.lower(): v for k, v in headers.items()}
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Resource attacks (issue 16 items 3, 5, 7, 8) and the crash loop (item 3): bounded memory, ConfigMap room,
+# log masking, download deadlines, durable crash records.
+
+MiB = 1024 * 1024
+
+
+def chart_memory_limit() -> int:
+    """The chart's memory limit for the agent container, in bytes (deploy/helm values: resources.limits.memory)."""
+    import yaml
+
+    values = yaml.safe_load((Path(__file__).parents[2] / "deploy/helm/model-agent/values.yaml").read_text())
+    text = str(values["resources"]["limits"]["memory"])
+    units = {"Ki": 1024, "Mi": MiB, "Gi": 1024 * MiB}
+    for suffix, factor in units.items():
+        if text.endswith(suffix):
+            return int(float(text[: -len(suffix)]) * factor)
+    return int(text)
+
+
+def peak_rss(agent: AgentProcess) -> int:
+    """The agent process's peak resident set (VmHWM), bytes."""
+    assert agent.proc is not None
+    for line in Path(f"/proc/{agent.proc.pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError("no VmHWM")
+
+
+@dataclass
+class FakeTenantStore:
+    """A FAKE S3-compatible object store of this test's own, on 127.0.0.1: what a hostile tenant's endpoint does.
+
+    Path-style requests only; anonymous; every request is recorded. Buckets behave by their name's prefix:
+
+    * ``endless-*``: a ListObjectsV2 that never ends (every page holds 1,000 keys and a new continuation token);
+    * ``hang-*``: a listing that is accepted and not answered until :attr:`released` (then 403 AccessDenied);
+    * ``trickle-*``: one 1 MiB object whose body trickles one byte every 0.4 s;
+    * a bucket in ``files``: those objects, served whole or by ``Range`` (ETag = MD5, as S3 does);
+    * anything else: 403 AccessDenied.
+
+    moto cannot paginate forever, hang a listing or trickle a body, hence this fake.
+    """
+
+    files: dict[str, dict[str, bytes]] = field(default_factory=dict)
+    seen: list[tuple[str, str]] = field(default_factory=list)
+    server: ThreadingHTTPServer | None = None
+    stopping: threading.Event = field(default_factory=threading.Event)
+    released: threading.Event = field(default_factory=threading.Event)
+
+    @property
+    def endpoint(self) -> str:
+        assert self.server is not None
+        return f"http://127.0.0.1:{self.server.server_address[1]}"
+
+    def listings(self, bucket: str) -> int:
+        return sum(1 for method, path in list(self.seen) if method == "GET" and path.startswith(f"/{bucket}?"))
+
+    def start(self) -> None:
+        store = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *_: Any) -> None:
+                return None
+
+            def _send(self, status: int, body: bytes, headers: dict[str, str] | None = None) -> None:
+                self.send_response(status)
+                for k, v in (headers or {}).items():
+                    self.send_header(k, v)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                if self.command != "HEAD":
+                    self.wfile.write(body)
+
+            def do_HEAD(self) -> None:
+                self.do_GET()
+
+            def do_GET(self) -> None:
+                store.seen.append((self.command, self.path))
+                url = urllib.parse.urlsplit(self.path)
+                bucket, _, key = url.path.lstrip("/").partition("/")
+                query = urllib.parse.parse_qs(url.query)
+                if not key and "list-type" in query:
+                    self._list(bucket, query)
+                elif bucket.startswith("trickle-"):
+                    self._trickle()
+                elif key in store.files.get(bucket, {}):
+                    self._object(store.files[bucket][key])
+                else:
+                    self._send(403, b"<Error><Code>AccessDenied</Code><Message>no</Message></Error>")
+
+            def _list(self, bucket: str, query: dict[str, list[str]]) -> None:
+                token = (query.get("continuation-token") or ["0"])[0]
+                if bucket.startswith("hang-"):
+                    store.released.wait(120)
+                    self._send(403, b"<Error><Code>AccessDenied</Code><Message>no</Message></Error>")
+                    return
+                if bucket.startswith("endless-"):
+                    page = int(token)
+                    keys = [(f"m/{page:06d}-{i:04d}", 1, "0" * 32) for i in range(1000)]
+                    more = f"<IsTruncated>true</IsTruncated><NextContinuationToken>{page + 1}</NextContinuationToken>"
+                elif bucket.startswith("trickle-"):
+                    keys, more = [("m/model.safetensors", MiB, "1" * 32)], "<IsTruncated>false</IsTruncated>"
+                elif bucket in store.files:
+                    keys = [(k, len(v), hashlib.md5(v).hexdigest()) for k, v in store.files[bucket].items()]
+                    more = "<IsTruncated>false</IsTruncated>"
+                else:
+                    self._send(403, b"<Error><Code>AccessDenied</Code><Message>no</Message></Error>")
+                    return
+                contents = "".join(
+                    f"<Contents><Key>{k}</Key><LastModified>2026-01-01T00:00:00.000Z</LastModified>"
+                    f'<ETag>"{etag}"</ETag><Size>{size}</Size><StorageClass>STANDARD</StorageClass></Contents>'
+                    for k, size, etag in keys
+                )
+                body = (
+                    '<?xml version="1.0" encoding="UTF-8"?><ListBucketResult xmlns="http://s3.amazonaws.com/doc/'
+                    f'2006-03-01/"><Name>{bucket}</Name><Prefix>m/</Prefix><KeyCount>{len(keys)}</KeyCount>'
+                    f"<MaxKeys>1000</MaxKeys>{more}{contents}</ListBucketResult>"
+                ).encode()
+                self._send(200, body, {"Content-Type": "application/xml"})
+
+            def _object(self, data: bytes) -> None:
+                headers = {"ETag": f'"{hashlib.md5(data).hexdigest()}"', "Accept-Ranges": "bytes"}
+                headers["Last-Modified"] = "Thu, 01 Jan 2026 00:00:00 GMT"
+                wanted = self.headers.get("Range")
+                if self.command == "GET" and wanted and wanted.startswith("bytes="):
+                    first, _, last = wanted[6:].partition("-")
+                    start, end = int(first), min(int(last) if last else len(data) - 1, len(data) - 1)
+                    headers["Content-Range"] = f"bytes {start}-{end}/{len(data)}"
+                    self._send(206, data[start : end + 1], headers)
+                    return
+                self._send(200, data, headers)
+
+            def _trickle(self) -> None:
+                headers = {"ETag": f'"{"1" * 32}"', "Accept-Ranges": "bytes", "Content-Length": str(MiB)}
+                self.send_response(200)
+                for k, v in headers.items():
+                    self.send_header(k, v)
+                self.end_headers()
+                if self.command == "HEAD":
+                    return
+                for _ in range(MiB):
+                    if store.stopping.wait(0.4):
+                        return
+                    try:
+                        self.wfile.write(b"\0")
+                        self.wfile.flush()
+                    except OSError:
+                        return
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def stop(self) -> None:
+        self.stopping.set()
+        self.released.set()
+        if self.server is not None:
+            self.server.shutdown()
+            self.server.server_close()
+
+
+@pytest.fixture
+def tenant_store() -> Iterator[FakeTenantStore]:
+    store = FakeTenantStore()
+    store.start()
+    yield store
+    store.stop()
+
+
+def tenant_s3(name: str, bucket: str, store: FakeTenantStore, root: Path, **storage: Any) -> dict[str, Any]:
+    params = {"endpoint": store.endpoint, "region": "us-east-1"}
+    return bm(EVIL, name, f"s3://{bucket}/m", str(root / EVIL / name), parameters=params, **storage)
+
+
+def store_args(store: FakeTenantStore) -> tuple[str, ...]:
+    # The fake store is on loopback: allow-listed, and exempt from the address rules, like a store the admin named.
+    return ("--tenant-endpoint-allow", store.endpoint, "--tenant-address-allow", "127.0.0.1/32")
+
+
+@dataclass
+class Victims:
+    """Models of others on the attacked node: a ClusterBaseModel and another tenant's BaseModel, both Ready."""
+
+    models: list[dict[str, Any]]
+    dirs: list[Path]
+    before: dict[str, Any] = field(default_factory=dict)
+
+    async def snapshot(self, kube: Kube, agent: AgentProcess) -> dict[str, Any]:
+        labels = await kube.node_labels(agent.node)
+        out: dict[str, Any] = {}
+        for manifest in self.models:
+            kind, ns = kind_ns(manifest)
+            name = manifest["metadata"]["name"]
+            out[name] = (labels.get(node_label_key(kind, ns, name)), await entry_of(kube, agent, manifest))
+        for d in self.dirs:
+            out[str(d)] = {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(d.iterdir())}
+        return out
+
+
+async def victims_ready(kube: Kube, agent: AgentProcess, tmp_path: Path, u: str) -> Victims:
+    cluster_dir = tmp_path / f"victim-cluster-{u}"
+    good_dir = agent.models_root / "team-good" / f"victim-{u}"
+    for d, seed in ((cluster_dir, 71), (good_dir, 72)):
+        d.mkdir(parents=True)
+        for name, data in tiny_llama(seed).items():
+            (d / name).write_bytes(data)
+    await kube.ensure_namespace("team-good")
+    victims = Victims(
+        [
+            cbm(f"victim-cluster-{u}", f"local://{cluster_dir}"),
+            bm("team-good", f"victim-good-{u}", f"local://{good_dir}"),
+        ],
+        [cluster_dir, good_dir],
+    )
+    for manifest in victims.models:
+        await kube.apply(manifest)
+    for manifest in victims.models:
+        await wait_state(kube, agent, manifest, "Ready")
+    victims.before = await victims.snapshot(kube, agent)
+    return victims
+
+
+async def wait_state(
+    kube: Kube, agent: AgentProcess, manifest: dict[str, Any], state: str, timeout: float = 60
+) -> dict[str, Any]:
+    kind, ns = kind_ns(manifest)
+    name = manifest["metadata"]["name"]
+
+    async def reached() -> dict[str, Any] | None:
+        assert agent.alive(), f"the agent exited; log:\n{agent.tail()}"
+        labels = await kube.node_labels(agent.node)
+        entry = await entry_of(kube, agent, manifest)
+        if labels.get(node_label_key(kind, ns, name)) == state and entry.get("status") == state:
+            return entry
+        return None
+
+    entry = await eventually(reached, timeout=timeout, what=f"{name} {state}")
+    assert entry is not None
+    return entry
+
+
+async def test_resource_attacks_fail_alone_within_the_memory_limit(
+    kube: Kube, make_agent: AgentFactory, tenant_store: FakeTenantStore, tmp_path: Path, unique: str
+) -> None:
+    """Metadata bomb, 1.2 MB config.json, endless listing, trickling body, Secret values that look like log text.
+
+    Each tenant model ends as the rule says (Failed naming it, or Ready without what it refused), the victims'
+    labels, entries and bytes do not change, the agent's peak RSS stays below the chart's memory limit, and the
+    agent never exits. The metadata bomb is a 48 MiB index of ``{}``: decoded whole it is well over 1 GiB.
+    """
+    u = unique
+    await kube.ensure_namespace(EVIL)
+    agent = await make_agent(
+        args=(*store_args(tenant_store), "--download-min-rate", "4096", "--download-min-rate-window", "3"),
+    )
+    root = agent.models_root
+    victims = await victims_ready(kube, agent, tmp_path, u)
+
+    bomb_files = dict(tiny_llama(73))
+    pad = b"[" + b"{}," * (16 * MiB) + b"{}]"
+    bomb_files["model.safetensors.index.json"] = (
+        b'{"metadata":{},"weight_map":{"lm_head.weight":"model.safetensors"},"pad":' + pad + b"}"
+    )
+    big_files = dict(tiny_llama(74))
+    config = json.loads(big_files["config.json"])
+    config["architectures"] = ["L" * (1200 * 1024)]
+    big_files["config.json"] = json.dumps(config).encode()
+    assert len(big_files["config.json"]) > 1_200_000
+    tenant_store.files[f"bomb-{u}"] = {f"m/{k}": v for k, v in bomb_files.items()}
+    tenant_store.files[f"big-{u}"] = {f"m/{k}": v for k, v in big_files.items()}
+    await kube.c.request(
+        "POST",
+        f"/api/v1/namespaces/{EVIL}/secrets",
+        body={
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "metadata": {"name": f"looks-like-logs-{u}"},
+            "stringData": {
+                "AWS_ACCESS_KEY_ID": "model",
+                "AWS_SECRET_ACCESS_KEY": "Failed",
+                "AWS_SESSION_TOKEN": "BaseModel/",
+                "note": "model failed",
+            },
+        },
+    )
+    models = {
+        "bomb": tenant_s3(f"evil-bomb-{u}", f"bomb-{u}", tenant_store, root),
+        "big": tenant_s3(f"evil-bigconfig-{u}", f"big-{u}", tenant_store, root),
+        "endless": tenant_s3(f"evil-endless-{u}", f"endless-{u}", tenant_store, root),
+        "trickle": tenant_s3(f"evil-trickle-{u}", f"trickle-{u}", tenant_store, root),
+        "secret": tenant_s3(f"evil-secret-{u}", f"secret-{u}", tenant_store, root, key=f"looks-like-logs-{u}"),
+    }
+    for manifest in models.values():
+        await kube.apply(manifest)
+
+    endless = await wait_failed(kube, agent, models["endless"], "ListingTooLarge")
+    assert "more than 100000 objects" in endless["reason"], endless
+    trickle = await wait_failed(kube, agent, models["trickle"], "DownloadTooSlow")
+    assert "--download-min-rate" in trickle["reason"], trickle
+    await wait_failed(kube, agent, models["secret"], "AccessDenied")
+    # The bomb's weights are fine: Ready, with the parameter count estimated (the index was refused unread).
+    await wait_state(kube, agent, models["bomb"], "Ready")
+    big = await wait_state(kube, agent, models["big"], "Ready")
+    entry_text = json.dumps(big)
+    assert len(entry_text) < 4096, len(entry_text)  # strings from the model's files are capped
+    assert big.get("config", {}).get("modelArchitecture", "").startswith("LLL"), big
+
+    for name, manifest in models.items():
+        reasons = await warning_reasons(kube, EVIL, manifest["metadata"]["name"])
+        if name in ("endless", "trickle", "secret"):
+            assert reasons, f"no Warning Event for {name}"
+    assert await victims.snapshot(kube, agent) == victims.before
+    limit = chart_memory_limit()
+    peak = peak_rss(agent)
+    assert peak < limit, f"peak RSS {peak / MiB:.0f} MiB >= the chart's limit {limit / MiB:.0f} MiB"
+    # The Secret's short values are not log masks: later lines about other models read as written.
+    log_text = agent.log_text()
+    assert "[REDACTED] failed" not in log_text and '"[REDACTED]"' not in log_text.replace('"token": "[REDACTED]"', "")
+    failed_lines = [line for line in log_text.splitlines() if f"evil-endless-{u}" in line and "model failed" in line]
+    assert failed_lines and all("BaseModel/" in line for line in failed_lines), failed_lines[:2]
+    assert agent.alive()
+    print(f"peak RSS {peak / MiB:.0f} MiB (limit {limit / MiB:.0f} MiB)")
+
+
+async def test_failing_models_of_one_namespace_fill_only_their_share(
+    kube: Kube, make_agent: AgentFactory, tmp_path: Path, unique: str
+) -> None:
+    """Twelve invalid models of ``team-evil`` with a cap of five: five entries and labels, seven Events only."""
+    u = unique
+    await kube.ensure_namespace(EVIL)
+    agent = await make_agent(args=("--max-failed-per-namespace", "5"))
+    root = agent.models_root
+    victims = await victims_ready(kube, agent, tmp_path, u)
+    invalid = [
+        bm(EVIL, f"evil-many-{i:02d}-{u}", f"s3://b-{u}/x", str(root / EVIL / f"many-{i}"),
+           parameters={"endpoint": "http://169.254.169.254"})
+        for i in range(12)
+    ]  # fmt: skip
+    for manifest in invalid:
+        await kube.apply(manifest)
+
+    async def decided() -> bool:
+        assert agent.alive(), agent.tail()
+        items = (await kube.c.request("GET", EVENTS.path(EVIL)))["items"]
+        warned = {(e.get("involvedObject") or {}).get("name") for e in items if e.get("type") == "Warning"}
+        return all(m["metadata"]["name"] in warned for m in invalid)
+
+    await eventually(decided, timeout=60, what="a Warning Event for every invalid model")
+    labels = await kube.node_labels(agent.node)
+    shown = []
+    for manifest in invalid:
+        name = manifest["metadata"]["name"]
+        entry = await entry_of(kube, agent, manifest)
+        label = labels.get(node_label_key(BM, EVIL, name))
+        assert (label is None) == (not entry), (name, label, entry)
+        if entry:
+            assert entry["status"] == "Failed" and entry["reason"].startswith("EndpointRefused:"), entry
+            shown.append(name)
+    assert len(shown) == 5, shown
+    refused = agent.metric("model_agent_failed_entries_refused_total", namespace=EVIL)
+    assert refused == 7, refused
+    items = (await kube.c.request("GET", EVENTS.path(EVIL)))["items"]
+    notes = [e["message"] for e in items if "FailedQuotaExceeded" in str(e.get("message"))]
+    assert len(notes) == 7, notes
+    assert await victims.snapshot(kube, agent) == victims.before
+    assert peak_rss(agent) < chart_memory_limit()
+    assert agent.alive()
+
+
+async def test_an_agent_killed_during_a_listing_does_not_loop(
+    kube: Kube, make_agent: AgentFactory, tenant_store: FakeTenantStore, tmp_path: Path, unique: str
+) -> None:
+    """The agent SIGKILLed during a tenant model's listing, three times: the next start quarantines the model.
+
+    The fault is real and deterministic: the fake store accepts the listing and never answers, so the agent is
+    inside the step when the test kills it (as the kernel's OOM killer would on a listing that ate memory). The
+    fourth start lists nothing for the model: ``Failed: QuarantinedAfterCrash``, an Event, the agent stays up.
+    A changed spec is tried again.
+    """
+    u = unique
+    await kube.ensure_namespace(EVIL)
+    agent = await make_agent(args=store_args(tenant_store))
+    root = agent.models_root
+    model = tenant_s3(f"evil-hang-{u}", f"hang-{u}", tenant_store, root)
+    bucket = f"hang-{u}"
+    await kube.apply(model)
+    for death in range(1, 4):
+
+        async def listing_started(n: int = death) -> bool:
+            assert agent.alive(), agent.tail()
+            return tenant_store.listings(bucket) >= n
+
+        await eventually(listing_started, timeout=30, what=f"listing {death} under way")
+        await asyncio.to_thread(agent.kill)
+        agent.start()
+        await asyncio.to_thread(agent.wait_ready)
+    entry = await wait_failed(kube, agent, model, "QuarantinedAfterCrash")
+    assert "3 times" in entry["reason"] and "listing" in entry["reason"], entry
+    assert "QuarantinedAfterCrash" in await eventually(
+        functools.partial(warning_reasons, kube, EVIL, model["metadata"]["name"]), timeout=30, what="the Event"
+    )
+    assert tenant_store.listings(bucket) == 3, tenant_store.seen
+    assert agent.alive()
+    # A new spec (generation) is a new chance: listed again.
+    await kube.c.request(
+        "PATCH",
+        f"/apis/ome.io/v1beta1/namespaces/{EVIL}/basemodels/{model['metadata']['name']}",
+        body={"spec": {"storage": {"parameters": {**model["spec"]["storage"]["parameters"], "retry": "1"}}}},
+        content_type="application/merge-patch+json",
+    )
+
+    async def listed_again() -> bool:
+        return tenant_store.listings(bucket) >= 4
+
+    await eventually(listed_again, timeout=30, what="a listing for the changed spec")
+    assert agent.alive()
+    # A listing thread cannot be interrupted: answer the held listing so the agent can stop in time.
+    tenant_store.released.set()
+    await asyncio.to_thread(agent.stop, 30.0)

@@ -62,3 +62,24 @@ def test_a_restart_starts_from_the_configmap() -> None:
     quota = FailedQuota(2, CollectorRegistry())  # a new process: the books are read from the node's ConfigMap
     assert not quota.decide(ref("team-evil", "new"), None, data).admitted
     assert quota.decide(ref("team-evil", "a"), None, data).admitted
+
+
+def test_admitted_entries_not_written_yet_keep_their_place() -> None:
+    """Writes are batched: the decisions of many models failing at once see none of the others' entries yet."""
+    quota = FailedQuota(2, CollectorRegistry())
+    data: dict[str, str] = {}
+    decisions = [quota.decide(ref("team-evil", f"m{i}"), None, data).admitted for i in range(5)]
+    assert decisions == [True, True, False, False, False]
+    for i in (0, 1):  # written, then one of them removed (its model deleted): its place is free again
+        data[ref("team-evil", f"m{i}").configmap_key] = failed(f"m{i}")
+    assert not quota.decide(ref("team-evil", "m2"), None, data).admitted
+    del data[ref("team-evil", "m0").configmap_key]
+    assert quota.decide(ref("team-evil", "m2"), None, data).admitted
+
+
+def test_an_admitted_entry_still_showing_its_earlier_state_keeps_its_place() -> None:
+    quota = FailedQuota(1, CollectorRegistry())
+    updating = ModelEntry(name="m0", status="Updating").to_json()
+    data = {ref("team-evil", "m0").configmap_key: updating, ref("team-evil", "m1").configmap_key: updating}
+    assert quota.decide(ref("team-evil", "m0"), "Updating", data).admitted
+    assert not quota.decide(ref("team-evil", "m1"), "Updating", data).admitted  # m0's Failed write is pending

@@ -19,7 +19,8 @@ namespace stop showing ``Failed`` (fixed, deleted), the next reconcile of a refu
 
 :class:`FailedQuota` is the one actor's bookkeeping: which keys of each namespace show ``Failed`` here, read
 once from the ConfigMap at first use (so a restart starts from what the node shows) and kept by the
-reconciler's decisions; holders whose entry no longer says ``Failed`` drop out at the next decision.
+reconciler's decisions. A holder drops out at the next decision once its Failed entry, seen written, says
+something else or is gone; an admitted entry not seen written yet (writes are batched) keeps its place.
 """
 
 from __future__ import annotations
@@ -69,7 +70,8 @@ def _shows_failed(value: str | None) -> bool:
 class FailedQuota:
     def __init__(self, limit: int = DEFAULT_FAILED_PER_NAMESPACE, registry: CollectorRegistry | None = None) -> None:
         self.limit = limit
-        self._holders: dict[str, set[str]] | None = None  # namespace -> ConfigMap keys showing Failed here
+        # namespace -> ConfigMap key showing Failed here (or admitted to) -> whether its Failed entry was seen written
+        self._holders: dict[str, dict[str, bool]] | None = None
         self._refused: set[str] = set()  # model keys refused at their last decision
         self.refusals = Counter(
             "model_agent_failed_entries_refused",
@@ -78,30 +80,39 @@ class FailedQuota:
             registry=registry,
         )
 
-    def _index(self, data: Mapping[str, str]) -> dict[str, set[str]]:
+    def _index(self, data: Mapping[str, str]) -> dict[str, dict[str, bool]]:
         if self._holders is None:
-            holders: dict[str, set[str]] = {}
+            holders: dict[str, dict[str, bool]] = {}
             for key, value in data.items():
                 parsed = parse_configmap_key(key)
                 if parsed is not None and parsed.namespace and _shows_failed(value):
-                    holders.setdefault(parsed.namespace, set()).add(key)
+                    holders.setdefault(parsed.namespace, {})[key] = True
             self._holders = holders
         return self._holders
+
+    @staticmethod
+    def _prune(holders: dict[str, bool], data: Mapping[str, str]) -> None:
+        for key, seen in list(holders.items()):
+            if _shows_failed(data.get(key)):
+                holders[key] = True
+            elif seen:  # its Failed entry was written and says something else now, or is gone: the place is free
+                del holders[key]
+            # else: admitted, its write not seen yet (the entry may still show the state before, e.g. Updating)
 
     def decide(self, ref: ModelRef, label: str | None, data: Mapping[str, str]) -> Admission:
         """Decide for ``ref`` from this node's facts (its label value, the ConfigMap data) and keep the books."""
         if not ref.namespace or self.limit <= 0:
             return Admission(True)
-        holders = self._index(data).setdefault(ref.namespace, set())
-        holders.intersection_update({k for k in holders if _shows_failed(data.get(k))})
+        holders = self._index(data).setdefault(ref.namespace, {})
+        self._prune(holders, data)
         mine = ref.configmap_key
         shown = label == ModelState.FAILED.value or _shows_failed(data.get(mine))
-        others = len(holders - {mine})
+        others = len(holders) - (mine in holders)
         if admit(ref.namespace, shown, others, self.limit):
-            holders.add(mine)
+            holders.setdefault(mine, _shows_failed(data.get(mine)))
             self._refused.discard(ref.key)
             return Admission(True)
-        holders.discard(mine)
+        holders.pop(mine, None)
         newly = ref.key not in self._refused
         if newly:
             self._refused.add(ref.key)
