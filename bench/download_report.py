@@ -226,6 +226,86 @@ def verdicts(suite: Row, runs: list[Row]) -> list[Row]:
                     got >= 2.5 * hf and cpu <= 0.5 * hf_cpu,
                 )
             )
+    out += verified_speed_verdicts(suite, runs)
+    return out
+
+
+def fetch_throughput(runs: list[Row], workload: str, dest: str, tool: str) -> float | None:
+    """Median GB/s of the fetch alone (agent_fetch.py's own clock: no interpreter start-up, as in a running agent)."""
+    return _med(
+        r["fetch_gb_s"]
+        for r in runs
+        if r["workload"] == workload and r["dest"] == dest and r["tool"] == tool and r["verified"] and "fetch_gb_s" in r
+    )
+
+
+def verified_speed_verdicts(suite: Row, runs: list[Row]) -> list[Row]:
+    """Issue 21's targets: verified speed when the disk is not the limit (tmpfs), small files, CPU per GB."""
+    out: list[Row] = []
+    tcp = _ceiling(suite, "loopback_tcp_gbs")
+    sha_cpu = [c.get("sha256_cpu_s_per_gb") for c in (suite.get("ceilings_start"), suite.get("ceilings_end")) if c]
+    sha_rates = [1.0 / v for v in sha_cpu if v]
+    sha_rate = max(sha_rates) if sha_rates else None  # GB/s of one core's sha256 (the bound for one file)
+    for workload in ("W1", "W2"):
+        peer, best = best_peer(runs, workload, "tmpfs")
+        for tool in AGENT_TRANSFER:
+            got = throughput(runs, workload, "tmpfs", tool)
+            if got is None or best is None:
+                continue
+            out.append(
+                _verdict(
+                    f"{workload} to tmpfs, every byte verified: >= 1.0x the best unverified peer",
+                    tool,
+                    f"{got / best:.2f}x {peer} ({_fmt(got)} vs {_fmt(best)} GB/s)",
+                    got >= best,
+                )
+            )
+            if workload == "W1" and tcp and sha_rate:
+                bound = min(tcp, sha_rate)
+                out.append(
+                    _verdict(
+                        "W1 to tmpfs, verified: >= 70% of min(loopback TCP, one core's sha256 rate)",
+                        tool,
+                        f"{got / bound:.0%} of {bound:.2f} GB/s (TCP {tcp:.2f}, sha256 {sha_rate:.2f})",
+                        got >= 0.7 * bound,
+                    )
+                )
+    for dest in sorted({r["dest"] for r in runs if r["workload"] == "W3"}):
+        curl = throughput(runs, "W3", dest, "curl")
+        for tool in ("agent-hf", "agent-s3"):
+            fetch = fetch_throughput(runs, "W3", dest, tool)
+            whole = throughput(runs, "W3", dest, tool)
+            if curl is None or fetch is None:
+                continue
+            out.append(
+                _verdict(
+                    f"W3 small files ({dest}): >= 0.5x curl (the fetch; a running agent starts no interpreter)",
+                    tool,
+                    f"{fetch / curl:.2f}x curl ({fetch:.3f} vs {curl:.3f} GB/s; {_fmt(whole, 3)} with process start-up)",
+                    fetch >= 0.5 * curl,
+                )
+            )
+    for tool in AGENT_TRANSFER:
+        cpu = cpu_per_gb(runs, "W1", "tmpfs", tool, key="fetch_cpu_s_per_gb")
+        if cpu is not None:
+            out.append(
+                _verdict(
+                    "CPU <= 1.6 CPU-s/GB with verification (W1, tmpfs; the fetch)",
+                    tool,
+                    f"{cpu:.2f} CPU-s/GB",
+                    cpu <= 1.6,
+                )
+            )
+    alone = cpu_per_gb(runs, "W1", "tmpfs", NO_HASH, key="fetch_cpu_s_per_gb")
+    if alone is not None:
+        out.append(
+            _verdict(
+                "CPU <= 0.9 CPU-s/GB for the transfer alone (W1, tmpfs; hashing stubbed out)",
+                NO_HASH,
+                f"{alone:.2f} CPU-s/GB",
+                alone <= 0.9,
+            )
+        )
     return out
 
 

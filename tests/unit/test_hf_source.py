@@ -48,6 +48,7 @@ class Fakes:
     hub: list[Seen] = field(default_factory=list)
     cdn: list[Seen] = field(default_factory=list)
     flip: str = ""  # the CDN flips one byte of the blob with this sha256
+    flip_small: str = ""  # the hub flips one byte of this small file
 
 
 async def _serve(app: web.Application) -> tuple[web.AppRunner, str]:
@@ -99,6 +100,8 @@ async def fakes() -> AsyncIterator[tuple[Fakes, dict[str, bytes]]]:
         headers |= {"ETag": f'"{git_sha1(data)}"', "Content-Length": str(len(data))}
         if request.method == "HEAD":
             return web.Response(headers=headers)
+        if path == state.flip_small:
+            data = bytes([data[0] ^ 0xFF]) + data[1:]
         return web.Response(body=data, headers=headers)
 
     async def blob(request: web.Request) -> web.StreamResponse:
@@ -186,3 +189,32 @@ async def test_weights_start_largest_first(
     by_blob = {hashlib.sha256(data).hexdigest(): path for path, data in files.items() if path.endswith(".safetensors")}
     order = list(dict.fromkeys(by_blob[s.path.removeprefix("/blobs/")] for s in f.cdn))
     assert order == ["model.safetensors", "shards/part-2.safetensors", "adapter.safetensors"]
+
+
+async def test_small_files_come_through_the_engine_checked_against_their_git_blob_id(
+    fakes: tuple[Fakes, dict[str, bytes]], tmp_path: Path
+) -> None:
+    """One session for every file: a small file is one HEAD (its location) and one plain GET, verified by its
+    git blob sha1 with no huggingface_hub download bookkeeping left in staging."""
+    f, files = fakes
+    req = request_for(tmp_path)
+    result = await source(f).fetch(req)
+    config = next(r for r in result.files if r.path == "config.json")
+    assert config.git_sha1 == git_sha1(files["config.json"])
+    assert config.sha256 == hashlib.sha256(files["config.json"]).hexdigest()
+    asked = [(s.method, s.range) for s in f.hub if s.path.endswith("/config.json")]
+    assert asked == [("HEAD", None), ("GET", None)]
+    assert not (req.staging / ".cache" / "huggingface").exists()
+
+
+async def test_a_flipped_byte_in_a_small_file_is_caught_and_not_kept(
+    fakes: tuple[Fakes, dict[str, bytes]], tmp_path: Path
+) -> None:
+    f, _files = fakes
+    f.flip_small = "config.json"
+    req = request_for(tmp_path)
+    with pytest.raises(SourceError) as err:
+        await source(f).fetch(req)
+    assert err.value.reason == "VerificationFailed"
+    assert "config.json" in str(err.value)
+    assert not (req.staging / "config.json").exists()

@@ -59,7 +59,15 @@ def test_file_checksums_of_every_supported_algorithm(tmp_path: Path) -> None:
         "sha256": hashlib.sha256(data).hexdigest(),
         "crc32": f"{zlib.crc32(data):08x}",
         "crc32c": google_crc32c.Checksum(data).digest().hex(),  # type: ignore[no-untyped-call]
+        "git-sha1": hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest(),
     }
+
+
+def test_git_blob_id_needs_the_size() -> None:
+    with pytest.raises(ValueError, match="size"):
+        hashing.new_hasher("git-sha1")
+    hasher = hashing.new_hasher("git-sha1", 0)
+    assert hasher.hexdigest() == "e69de29bb2d1d6434b8b29ae775ad8c2e48c5391"  # git's id of the empty blob
 
 
 def test_b64_digest_to_hex() -> None:

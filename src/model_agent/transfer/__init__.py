@@ -16,7 +16,7 @@ Guarantees (each one is tested in ``tests/unit/test_transfer_*.py``):
 
 1. **Verified or not there.** :meth:`RangedDownloader.download` returns only after the file's size matches
    and its sha256 (always; the manifest keeps it) and every checksum the source supplied (``md5``,
-   ``sha1``, ``sha256``, ``crc32``, ``crc32c``) were computed over the file as it is on disk and match,
+   ``sha1``, ``sha256``, ``crc32``, ``crc32c``, ``git-sha1``) were computed over the file as it is on disk and match,
    and the file was fsynced. A mismatch deletes the file and its part map and raises ``VerificationFailed``.
    Bodies are taken as stored (no decompression): the bytes written are the bytes hashed.
 2. **Resume re-fetches at most the parts in flight.** Progress is a part map (:mod:`.partmap`) replaced
@@ -59,8 +59,8 @@ keep-alive ``http.client`` connection per slot; TLS trust, proxies, the tenant c
 :mod:`.hashing` (checksums over the page cache), :mod:`.disk` (preallocation, disk errors), :mod:`.aio`
 (thread work that can be waited for, task groups). One writer thread at a time per file; hashing runs
 beside the transfer over the completed prefix, and the receive is held within one round of slots
-(``concurrency x part_size``) of it, so verification ends moments after the last byte lands. Why each choice, with the measurements:
-``bench/RANGED_HISTORY.md`` and ``docs/performance.md``.
+(``concurrency x part_size``) of it, so verification ends moments after the last byte lands. Why each
+choice, with the measurements: ``bench/RANGED_HISTORY.md`` and ``docs/performance.md``.
 """
 
 from model_agent.transfer.aio import gather_or_cancel, largest_first, run_all

@@ -17,7 +17,8 @@ from pathlib import Path
 from typing import Protocol
 
 MiB = 1024 * 1024
-SUPPORTED_CHECKSUMS = frozenset({"md5", "sha1", "sha256", "crc32", "crc32c"})
+# git-sha1: a git blob id (sha1 over "blob <size>\0" + the bytes), what the Hugging Face Hub lists for small files
+SUPPORTED_CHECKSUMS = frozenset({"md5", "sha1", "sha256", "crc32", "crc32c", "git-sha1"})
 HASH_BLOCK = 2 * MiB
 HASH_WINDOW = 8 * MiB  # mapped at a time while hashing beside the transfer (counts in RSS while mapped)
 HASH_STEP = 16 * MiB  # hashed per thread call: a part's worth, so the transfer's lead over the hash moves smoothly
@@ -60,7 +61,8 @@ class _Crc32c:
         return f"{self.value:08x}"
 
 
-def new_hasher(algorithm: str) -> Hasher:
+def new_hasher(algorithm: str, size: int | None = None) -> Hasher:
+    """A fresh hasher; ``size`` (the file's) is needed by ``git-sha1``, whose header names it."""
     if algorithm == "crc32":
         return _Crc32()
     if algorithm == "crc32c":
@@ -71,13 +73,18 @@ def new_hasher(algorithm: str) -> Hasher:
         return hashlib.sha1(usedforsecurity=False)
     if algorithm == "sha256":
         return hashlib.sha256()
+    if algorithm == "git-sha1":
+        if size is None:
+            raise ValueError("git-sha1 needs the file's size")
+        return hashlib.sha1(b"blob %d\0" % size, usedforsecurity=False)
     raise ValueError(f"unsupported checksum algorithm {algorithm!r}")
 
 
 def file_checksums(path: Path, algorithms: Iterable[str], block: int = HASH_BLOCK) -> dict[str, str]:
     """Hex digests of a whole file (blocking)."""
-    hashers = {alg: new_hasher(alg) for alg in algorithms}
     with path.open("rb") as fh:
+        size = os.fstat(fh.fileno()).st_size
+        hashers = {alg: new_hasher(alg, size) for alg in algorithms}
         while data := fh.read(block):
             for h in hashers.values():
                 h.update(data)

@@ -522,7 +522,7 @@ class Job:
     # ------------------------------------------------------------------ hashing and verification
 
     async def _hash_loop(self) -> dict[str, str]:
-        hashers = [new_hasher(alg) for alg in self.algorithms]
+        hashers = [new_hasher(alg, self.size) for alg in self.algorithms]
         hashed = 0
         try:
             while hashed < self.size:
