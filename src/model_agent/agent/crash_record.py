@@ -48,12 +48,13 @@ import structlog
 
 from model_agent.local.layout import token_for
 from model_agent.local.manifest import fsync_dir, write_atomic
+from model_agent.model.reasons import Reason
 
 log = structlog.get_logger(__name__)
 
 CRASH_LIMIT = 3
 """Deaths of the agent during a step of one spec after which the model is quarantined (see the module doc)."""
-QUARANTINED = "QuarantinedAfterCrash"
+QUARANTINED = Reason.QUARANTINED_AFTER_CRASH
 """The reason of a quarantined model's ``Failed`` entry and Warning Event."""
 
 
