@@ -13,8 +13,8 @@ Contract:
 * Every product is cached under ``<cache>/image/`` by a key over its inputs (the build context files
   the ``.dockerignore`` lets through, the Dockerfile, the base's key); a second call with the same
   inputs does nothing.
-* buildah's storage is a throw-away directory inside the cache (vfs driver: no mounts are left behind)
-  and is removed after every build; nothing is written to ``/var/lib/containers``.
+* buildah's storage is a throw-away directory per build inside the cache (vfs driver: no mounts are
+  left behind), removed afterwards; nothing is written to ``/var/lib/containers``.
 * Errors a person can fix are :class:`ImageError` with one line saying what to do.
 """
 
@@ -28,6 +28,7 @@ import os
 import shutil
 import subprocess
 import tarfile
+import tempfile
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -116,7 +117,7 @@ def build_base(*, echo: Echo = _noop) -> Path:
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
     # mmdebstrap picks its output format from the name: the partial file must end in .tar too.
-    tmp = target.with_name(target.stem + ".partial.tar")
+    tmp = target.with_name(f"{target.stem}.{os.getpid()}.partial.tar")
     tmp.unlink(missing_ok=True)
     mirror = [str(APT_SOURCES)] if APT_SOURCES.is_file() else []
     echo(f"bootstrapping the base image ({SUITE} minbase + {' '.join(BASE_PACKAGES)}) with mmdebstrap")
@@ -160,8 +161,9 @@ def build_agent_image(context: Path | None = None, *, echo: Echo = _noop) -> Ima
         echo(f"agent image: using cached {target} ({ref})")
         return Image(target, ref)
     base = build_base(echo=echo)
-    storage = image_dir() / "buildah"
-    shutil.rmtree(storage, ignore_errors=True)
+    # Its own storage per build: two builds at once (two checkouts, two engineers) never share one.
+    image_dir().mkdir(parents=True, exist_ok=True)
+    storage = Path(tempfile.mkdtemp(prefix="buildah-", dir=image_dir()))
     buildah = [
         "buildah",
         "--root",
@@ -171,7 +173,7 @@ def build_agent_image(context: Path | None = None, *, echo: Echo = _noop) -> Ima
         "--storage-driver",
         "vfs",
     ]
-    log = image_dir() / "build.log"
+    log = image_dir() / f"model-agent-{key}.build.log"
     started = time.monotonic()
     try:
         container = _run([*buildah, "from", "scratch"], "buildah from scratch").strip()
