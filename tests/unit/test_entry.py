@@ -4,6 +4,7 @@ decoding."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta, timezone
 
 import pytest
@@ -349,11 +350,14 @@ def test_decoding_never_raises(text: str | bytes) -> None:
 
 # --- size caps -------------------------------------------------------------------------------------------
 
+_REASON_TEXT = "LocalPathNotFound: /models/x does not exist"
 _REASON = ',"reason":"LocalPathNotFound: /models/x does not exist"}'
 
 
 def _failed_with_reason(entry: ModelEntry) -> str:
-    return entry.to_json()[:-1] + _REASON  # as the reconciler appends a Failed entry's reason
+    text = replace(entry, reason=_REASON_TEXT).to_json()
+    assert text == entry.to_json()[:-1] + _REASON  # the reason is written last, after every OME field
+    return text
 
 
 def test_a_small_entry_is_left_exactly_as_written() -> None:
@@ -381,7 +385,9 @@ def test_the_decoded_configuration_goes_first_then_the_whole_config_never_the_st
     capped_text = cap_entry_json(text)
     assert len(capped_text.encode()) <= MAX_ENTRY_BYTES
     capped = ModelEntry.from_json(capped_text)
-    assert capped == ModelEntry("m" * 200, "Updating", config=ModelConfig(model_type="llama"), progress=progress)
+    assert capped == ModelEntry(
+        "m" * 200, "Updating", config=ModelConfig(model_type="llama"), progress=progress, reason=_REASON_TEXT
+    )
     assert json.loads(capped_text)["reason"] == json.loads(text)["reason"]
     # A config too large even without its decoded configuration goes as a whole.
     huge = ModelConfig(artifact=Artifact(parent_path={f"k{i}": "p" * 250 for i in range(60)}))
@@ -397,3 +403,23 @@ def test_capping_is_idempotent_and_without_config_keeps_the_status() -> None:
     assert without_config(text) == '{"name":"x","status":"Failed"' + _REASON
     assert without_config(without_config(text)) == without_config(text)
     assert cap_entry_json("not json") == "not json"
+
+
+@pytest.mark.parametrize(
+    ("reason_json", "reason"),
+    [
+        ('"RateLimited: slow down"', "RateLimited: slow down"),
+        ("42", ""),  # someone else's field of another type: no reason, and the entry still reads
+        ("null", ""),
+    ],
+)
+def test_reason_is_read_leniently(reason_json: str, reason: str) -> None:
+    entry = ModelEntry.from_json('{"name":"x","status":"Failed","reason":' + reason_json + "}")
+    assert entry is not None and entry.reason == reason
+
+
+def test_reason_is_capped_and_dropped_when_the_model_leaves_failed() -> None:
+    failed = ModelEntry("x", "Failed", reason="E" * 2000)
+    assert json.loads(failed.to_json())["reason"] == "E" * 500
+    assert failed.with_status("Failed").reason == "E" * 2000
+    assert failed.with_status("Ready").reason == "" and "reason" not in failed.with_status("Updating").to_json()

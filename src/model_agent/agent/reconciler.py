@@ -18,7 +18,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import json
 import os
 import time
 from collections.abc import Callable, Mapping
@@ -58,7 +57,7 @@ from model_agent.local.layout import Layout, PathRefused, Root, token_for
 from model_agent.local.listing import list_local_files
 from model_agent.local.manifest import FileRecord, Manifest, ManifestStore
 from model_agent.local.trash import Trash
-from model_agent.model.entry import DownloadProgress, ModelEntry, rfc3339
+from model_agent.model.entry import DownloadProgress, ModelConfig, ModelEntry, rfc3339
 from model_agent.model.keys import ModelState
 from model_agent.model.metadata import MetadataError, ParsedMetadata, parse_model_dir
 from model_agent.model.resources import InvalidModel, ModelObject, ModelRef, reserve_artifact, skip_config_parsing
@@ -824,8 +823,14 @@ class Reconciler:
             )
             if current is not None and current.status == state and current.progress is not None and not started:
                 entry_progress = current.progress  # keep the last progress write; no churn
-        entry = ModelEntry(name=ref.name, status=state.value, config=config, progress=entry_progress)
-        value = _with_reason(entry.to_json(), reason if state == ModelState.FAILED else None)
+        entry = ModelEntry(
+            name=ref.name,
+            status=state.value,
+            config=config,
+            progress=entry_progress,
+            reason=(reason or "") if state == ModelState.FAILED else "",
+        )
+        value = entry.to_json()
         if state == ModelState.READY:
             await ctx.configmap.ensure(ref.configmap_key, value)
             await ctx.labels.ensure(ref.label_key, state.value)
@@ -854,8 +859,13 @@ class Reconciler:
             return
         already = ctx.labels.labels().get(ref.label_key) == ModelState.FAILED.value
         current = ModelEntry.from_json(ctx.configmap.data().get(ref.configmap_key, "") or "")
-        entry = ModelEntry(name=ref.name, status=ModelState.FAILED.value, config=current.config if current else None)
-        value = _with_reason(entry.to_json(), f"{reason}: {message}")
+        entry = ModelEntry(
+            name=ref.name,
+            status=ModelState.FAILED.value,
+            config=current.config if current else None,
+            reason=f"{reason}: {message}",
+        )
+        value = entry.to_json()
         changed_entry = ctx.configmap.data().get(ref.configmap_key) != value
         await ctx.labels.ensure(ref.label_key, ModelState.FAILED.value)
         await ctx.configmap.ensure(ref.configmap_key, value)
@@ -936,13 +946,6 @@ def _utcnow() -> datetime:
     return datetime.now(UTC)
 
 
-def _with_reason(entry_json: str, reason: str | None) -> str:
-    """Append a ``reason`` field to a Failed entry. OME's consumers ignore unknown fields (Go's decoder)."""
-    if not reason:
-        return entry_json
-    return entry_json[:-1] + "," + json.dumps({"reason": reason[:500]}, separators=(",", ":"))[1:]
-
-
 def _metadata_record(parsed: ParsedMetadata) -> dict[str, Any]:
     """What a manifest keeps of parsed metadata: the ConfigMap ``config`` and the spec enrichment."""
     spec: dict[str, Any] = {
@@ -960,7 +963,6 @@ def _metadata_record(parsed: ParsedMetadata) -> dict[str, Any]:
     return {"config": parsed.to_config_entry(), "spec": spec}
 
 
-def _config_from_record(metadata: dict[str, Any]) -> Any:
-    doc = {"name": "x", "status": "Ready", "config": metadata.get("config")}
-    entry = ModelEntry.from_json(json.dumps(doc))
-    return entry.config if entry is not None else None
+def _config_from_record(metadata: dict[str, Any]) -> ModelConfig | None:
+    """The entry ``config`` a manifest recorded for the model (None when it holds none, or a malformed one)."""
+    return ModelConfig.from_document(metadata.get("config"))

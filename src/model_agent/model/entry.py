@@ -21,12 +21,14 @@ Contract:
   and NaN/Infinity; invalid UTF-8 becomes U+FFFD, as Go does inside strings. Unlike Go it matches
   field names case-sensitively (Go also folds case) and rejects a top-level ``null``; both only matter
   for hand-edited entries. A ``-0`` literal reads back as ``0`` (Python's json makes it an integer).
+* One field is this agent's own: ``reason`` (why a model is ``Failed``), written last and only when set;
+  OME's controller ignores it, as Go ignores unknown fields.
 * Entries written through OME's generic-map helpers come out with alphabetically sorted top-level keys;
   consumers parse JSON, so this codec always writes struct order.
 * Size caps (the node's ConfigMap holds every model's entry within the API server's 1 MiB): ``cap_entry_json``
   bounds one entry to ``MAX_ENTRY_BYTES``, trimming only the parsed ``config`` — metadata strings and lists
   first, then ``decodedModelConfiguration``, then the whole ``config`` — and never ``name``, ``status``,
-  ``progress`` or fields it does not know (a ``reason``); ``without_config`` is the smallest form of an
+  ``progress``, the ``reason`` or fields it does not know; ``without_config`` is the smallest form of an
   entry, for a ConfigMap too full for the whole one. Both are idempotent.
 """
 
@@ -95,6 +97,20 @@ class ModelConfig:
     def __post_init__(self) -> None:
         if not _INT32_MIN <= self.max_tokens <= _INT32_MAX:
             raise ValueError(f"max_tokens {self.max_tokens} does not fit in int32")
+
+    @classmethod
+    def from_document(cls, doc: object) -> ModelConfig | None:
+        """A ``config`` object already decoded from JSON (a manifest keeps one); ``None`` when it is not one.
+
+        The same rules as :meth:`ModelEntry.from_json` applies to an entry's ``config``, without encoding the
+        document to text first.
+        """
+        if not isinstance(doc, Mapping):
+            return None
+        try:
+            return _config_from(doc)
+        except (_Malformed, ValueError, TypeError, RecursionError, OverflowError):
+            return None
 
     def to_json(self) -> str:
         """The config as Go encodes its struct, byte for byte (see the module contract)."""
@@ -170,6 +186,9 @@ class ModelEntry:
     status: str
     config: ModelConfig | None = None
     progress: DownloadProgress | None = None
+    # This agent's addition: why a model is Failed ("Reason: message"), written last and only when set, so
+    # OME's controller (which ignores unknown fields) reads the entry as before. Capped at MAX_REASON chars.
+    reason: str = ""
 
     def to_json(self) -> str:
         """The whole entry as OME's agent writes it (struct order, Go escaping); ``from_json`` reads it back."""
@@ -178,13 +197,20 @@ class ModelEntry:
             pairs.append(("config", _Struct(self.config._pairs())))
         if self.progress is not None:
             pairs.append(("progress", _Struct(self.progress._pairs())))
+        if self.reason:
+            pairs.append(("reason", self.reason[:MAX_REASON]))
         return _encode_struct(pairs)
 
     def with_status(self, status: ModelState | str) -> ModelEntry:
         """The status write of docs/ome-compatibility.md#64-writes: new status, config kept, progress dropped on
-        Ready/Failed."""
+        Ready/Failed; a reason survives only on Failed."""
         terminal = status in (ModelState.READY, ModelState.FAILED)
-        return replace(self, status=str(status), progress=None if terminal else self.progress)
+        return replace(
+            self,
+            status=str(status),
+            progress=None if terminal else self.progress,
+            reason=self.reason if status == ModelState.FAILED else "",
+        )
 
     @classmethod
     def from_json(cls, text: str | bytes) -> ModelEntry | None:
@@ -219,15 +245,16 @@ MAX_ENTRY_BYTES: Final = 8 * 1024
 # Metadata strings (modelType, a capability, a framework version, a parent path...) are names, not text.
 MAX_METADATA_STRING: Final = 256
 MAX_METADATA_ITEMS: Final = 64
-_KNOWN_FIELDS: Final = ("name", "status", "config", "progress")
+MAX_REASON: Final = 500
+_KNOWN_FIELDS: Final = ("name", "status", "config", "progress", "reason")
 
 
 def cap_entry_json(text: str, max_bytes: int = MAX_ENTRY_BYTES) -> str:
     """``text`` (an encoded entry) bounded to ``max_bytes`` UTF-8 bytes by trimming only its ``config``.
 
     Over-long metadata strings and lists are cut always; then, while the entry is too large, the decoded
-    configuration is dropped, then the whole ``config``. ``name``, ``status``, ``progress`` and unknown
-    top-level fields (the agent's ``reason``) are kept as they are, even if the result is still too large.
+    configuration is dropped, then the whole ``config``. ``name``, ``status``, ``progress``, ``reason`` and
+    unknown top-level fields are kept as they are, even if the result is still too large.
     A text that is not a valid entry, or that needs no change, is returned unchanged.
     """
     entry = ModelEntry.from_json(text)
@@ -321,6 +348,8 @@ def _entry_from(doc: Mapping[str, Any]) -> ModelEntry:
         status=_string(doc, "status"),
         config=_config_from(config_doc) if config_doc is not None else None,
         progress=_progress_from(progress_doc) if progress_doc is not None else None,
+        # Not a field of OME's struct: whatever else stands there (someone else's write) reads as no reason.
+        reason=doc["reason"] if isinstance(doc.get("reason"), str) else "",
     )
 
 
