@@ -58,23 +58,28 @@ def test_fetch_turn(shared: bool, published: bool, holds: bool, turn: FetchTurn)
 
 KEEP_SHARED = RemovalPlan(False, False, False, False, " (weights kept: shared root, other nodes may serve them)")
 KEEP_OWN_RECORD = RemovalPlan(False, False, False, True, " (weights kept: shared root, other nodes may serve them)")
+NOT_OURS = RemovalPlan(False, False, False, False, " (weights not moved: another node already moved or restored them)")
 
 
 @pytest.mark.parametrize(
-    ("shared", "gone", "holds", "records_shared", "plan"),
+    ("shared", "gone", "holds", "records_shared", "ours", "plan"),
     [
-        (False, True, False, True, FULL),  # a private root: the removal as always
-        (False, False, False, True, FULL),
-        (True, False, False, True, KEEP_SHARED),  # deselected: label and entry only
-        (True, False, True, True, KEEP_SHARED),
-        (True, False, False, False, KEEP_OWN_RECORD),  # a --state-dir record is this node's own
-        (True, True, True, True, FULL),  # gone, trash Lease held: files to the trash, once
-        (True, True, False, True, None),  # gone, another node moves the files now: requeue
-        (True, True, False, False, None),
+        (False, True, False, True, True, FULL),  # a private root: the removal as always
+        (False, False, False, True, True, FULL),
+        (False, True, False, True, False, FULL),
+        (True, False, False, True, True, KEEP_SHARED),  # deselected: label and entry only
+        (True, False, True, True, True, KEEP_SHARED),
+        (True, False, False, False, True, KEEP_OWN_RECORD),  # a --state-dir record is this node's own
+        (True, True, True, True, True, FULL),  # gone, trash Lease held: files to the trash, once
+        (True, True, True, True, False, NOT_OURS),  # moved already, or a peer restored a re-created copy
+        (True, True, False, True, True, None),  # gone, another node moves the files now: requeue
+        (True, True, False, False, True, None),
     ],
 )
-def test_removal_plan(shared: bool, gone: bool, holds: bool, records_shared: bool, plan: RemovalPlan | None) -> None:
-    assert removal_plan(shared, gone, holds, records_shared) == plan
+def test_removal_plan(
+    shared: bool, gone: bool, holds: bool, records_shared: bool, ours: bool, plan: RemovalPlan | None
+) -> None:
+    assert removal_plan(shared, gone, holds, records_shared, ours) == plan
 
 
 @pytest.mark.parametrize(
@@ -291,16 +296,25 @@ async def test_a_private_root_fetches_without_any_lease(tmp_path: Path) -> None:
 
 async def test_the_trash_turn_is_one_nodes_at_a_time(tmp_path: Path) -> None:
     api = LeaseApi()
-    (a, _), (b, _) = node(api, tmp_path, "a"), node(api, tmp_path, "b")
-    dest = str(tmp_path / "m")
-    async with a.removal_turn(KEY, dest, gone=True) as plan:
+    (a, manifests), (b, _) = node(api, tmp_path, "a"), node(api, tmp_path, "b")
+    root = a._layout.primary
+    dest = root.path / "m"
+    manifests.save(_published(dest), root)
+    async with a.removal_turn(KEY, str(dest), gone=True, uid="u1") as plan:
         assert plan == FULL
         with pytest.raises(Requeue):
-            async with b.removal_turn(KEY, dest, gone=True):
+            async with b.removal_turn(KEY, str(dest), gone=True, uid="u1"):
                 raise AssertionError("two nodes moving one model's files")
-    async with b.removal_turn(KEY, dest, gone=True) as plan:  # released: the next may (and finds nothing)
-        assert plan == FULL
-    async with b.removal_turn(KEY, dest, gone=False) as plan:
+        with pytest.raises(Requeue):
+            async with b.restore_turn(KEY, dest):
+                raise AssertionError("a restore during a removal")
+        manifests.delete(KEY)  # the holder moved the files and dropped the record
+    async with b.removal_turn(KEY, str(dest), gone=True, uid="u1") as plan:  # released: the next finds nothing
+        assert plan == NOT_OURS
+    manifests.save(_published(dest, uid="u2"), root)  # a peer restored the copy for a re-created object
+    async with b.removal_turn(KEY, str(dest), gone=True, uid="u1") as plan:
+        assert plan == NOT_OURS  # the late removal of the old object never moves the new one's files
+    async with b.removal_turn(KEY, str(dest), gone=False) as plan:
         assert not plan.move_files and not plan.delete_record
 
 

@@ -371,7 +371,10 @@ class Reconciler:
             await self._adopt_in_place(ref, obj, raw, target, superseded)
             return
         if decision.act == Act.RESTORE:
-            if await self._restore_from_trash(ref, obj, target, superseded):
+            shared = ctx.shared_roots  # a shared root: one node restores, never while another removes
+            async with shared.restore_turn(ref.key, target.dest) if shared else contextlib.nullcontext():
+                restored = await self._restore_from_trash(ref, obj, target, superseded)
+            if restored:
                 await self._clean_staging(ref)
                 ctx.requeue_after(ref.key, 0)
                 return
@@ -504,7 +507,15 @@ class Reconciler:
             if shared is None:
                 await fetch()
             else:  # a shared root: one node fetches for all, the others adopt its publication
-                await shared.fetch_once(job, ref.key, target.storage_uri, target.dest, target.root, fetch)
+                await shared.fetch_once(
+                    job,
+                    ref.key,
+                    target.storage_uri,
+                    target.dest,
+                    target.root,
+                    fetch,
+                    lambda p: self._write_progress(ref, obj, p, time.monotonic()),
+                )
 
         submitted = await ctx.fetcher.submit(ref.key, target.id, body)
         if not submitted:

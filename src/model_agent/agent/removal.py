@@ -174,7 +174,7 @@ class Remover:
         # A shared root: a deselected node drops only its label and entry; files move once, by one node.
         shared, dest = ctx.shared_roots, candidate.manifest.dest if candidate.manifest is not None else None
         gone = confirmed_gone(confirmation.outcome, confirmation.live, candidate.manifest)
-        turn = shared.removal_turn(ref.key, dest, gone) if shared is not None else contextlib.nullcontext(FULL)
+        turn = shared.removal_turn(ref.key, dest, gone, candidate.uid) if shared else contextlib.nullcontext(FULL)
         async with turn as plan:
             await self._act(candidate, confirmation, plan)
         ctx.breaker.record(ref.key)

@@ -104,11 +104,15 @@ class RemovalPlan:
 FULL = RemovalPlan()
 
 
-def removal_plan(shared: bool, gone: bool, holds_turn: bool, records_shared: bool) -> RemovalPlan | None:
+def removal_plan(
+    shared: bool, gone: bool, holds_turn: bool, records_shared: bool, record_ours: bool = True
+) -> RemovalPlan | None:
     """The steps of a removal on this node; None: another node is moving the files now (requeue).
 
     ``gone``: the model is confirmed gone (not merely no longer selecting this node); ``records_shared``: the
-    manifests live on the shared root too (no ``--state-dir``), so the record is the peers' as well.
+    manifests live on the shared root too (no ``--state-dir``), so the record is the peers' as well;
+    ``record_ours``: read under the trash Lease, the record on disk is the one of the object confirmed gone
+    (False: none is left — another node moved the files — or a peer restored a re-created object's copy).
     """
     if not shared:
         return FULL
@@ -123,6 +127,14 @@ def removal_plan(shared: bool, gone: bool, holds_turn: bool, records_shared: boo
         )
     if not holds_turn:
         return None
+    if not record_ours:
+        return RemovalPlan(
+            write_intent=False,
+            move_files=False,
+            remove_staging=False,
+            delete_record=False,
+            why_kept=" (weights not moved: another node already moved or restored them)",
+        )
     return FULL
 
 
@@ -374,13 +386,14 @@ class SharedRoots:
         dest: Path,
         root: Root,
         fetch: Callable[[], Awaitable[None]],
+        on_wait: Callable[[Progress], Awaitable[None]] | None = None,
     ) -> None:
         """Run ``fetch`` here only if this node is the one to fetch ``(storage_uri, dest)`` for the cluster.
 
         A private root: ``fetch`` runs as always. A shared root: adopt a valid publication, or take the target's
-        Lease and fetch (then publish), or show ``waiting-for-peer`` (``job.progress``; the key is requeued so
-        the entry says so) and look again. Returns when the target is published (by anyone); the reconciler
-        then finds the manifest and publishes Ready.
+        Lease and fetch (then publish), or show ``waiting-for-peer`` (``job.progress``, and ``on_wait`` writes it
+        to the entry; without it the key is requeued) and look again. Returns when the target is published (by
+        anyone); the reconciler then finds the manifest and publishes Ready.
         """
         if not self.verdict(root, fresh=True).shared:
             await fetch()
@@ -405,17 +418,22 @@ class SharedRoots:
                     return
             if not shown:
                 job.progress = Progress(phase=WAITING_FOR_PEER)
-                self._requeue(key)  # the reconciler writes Updating with this phase
+                if on_wait is not None:
+                    await on_wait(job.progress)  # Updating with this phase in the node's entry
+                else:
+                    self._requeue(key)
                 shown = True
             await asyncio.sleep(self.poll_s * (0.5 + self._rng.random()))
 
     # ----------------------------------------------------------------------------------- removal, purge
 
     @contextlib.asynccontextmanager
-    async def removal_turn(self, key: str, dest: str | None, gone: bool) -> AsyncIterator[RemovalPlan]:
+    async def removal_turn(self, key: str, dest: str | None, gone: bool, uid: str = "") -> AsyncIterator[RemovalPlan]:
         """The plan of one removal on this node, holding the model's trash Lease for a shared root's files.
 
-        Raises :class:`Requeue` while another node holds that Lease (it is moving the files now).
+        Raises :class:`Requeue` while another node holds that Lease (it is moving or restoring the files now).
+        Under the Lease the record is read again: files move only while it is still the one of ``uid`` (the
+        object confirmed gone), never a copy a peer restored for a re-created object meanwhile.
         """
         shared, root = self.shared_for(dest, fresh=True)
         records_shared = root.state is None
@@ -425,10 +443,27 @@ class SharedRoots:
             yield plan
             return
         async with self._try_hold(f"shared-trash|{key}") as holding:
-            plan = removal_plan(True, True, holding, records_shared)
+            fresh = await asyncio.to_thread(self._manifests.load, key) if holding else None
+            ours = fresh is not None and (not uid or fresh.uid in (uid, ""))
+            plan = removal_plan(True, True, holding, records_shared, ours)
             if plan is None:
                 raise Requeue("another node is moving the shared copy to the trash", 2.0)
             yield plan
+
+    @contextlib.asynccontextmanager
+    async def restore_turn(self, key: str, dest: Path) -> AsyncIterator[None]:
+        """Hold the model's trash Lease while restoring into a shared root: one restorer, never during a removal.
+
+        A private root: no Lease. Raises :class:`Requeue` while another node holds it.
+        """
+        shared, _ = self.shared_for(dest, fresh=True)
+        if not shared:
+            yield
+            return
+        async with self._try_hold(f"shared-trash|{key}") as holding:
+            if not holding:
+                raise Requeue("another node is restoring or removing the shared copy", 1.0)
+            yield
 
     async def as_purge_owner(self, purge: Callable[[], Awaitable[list[T]]]) -> list[T]:
         """Run ``purge`` if this node may purge now: always on private roots; the purge Lease's holder on shared."""

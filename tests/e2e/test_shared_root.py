@@ -1,0 +1,159 @@
+"""Shared model roots end to end: several agents (subprocesses, one Node each) over ONE models root directory.
+
+What a cluster on NFS/GPFS sees, on one machine: every agent's ``--models-root-dir`` is the same directory, so
+they share weights, staging, trash and (no ``--state-dir``) manifests. The root is detected as shared from the
+agents' node markers alone (no ``--shared-root``). Origin fetches are counted at olah's counting proxy.
+
+AGENTS agents: the issue asks for 6; this machine has 2 cores shared with other work, and 6 agents with a
+real API server ran within the deadlines here, so 6 it is.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from model_agent.agent.shared_root import WAITING_FOR_PEER
+from model_agent.kube.resources import CLUSTERBASEMODELS
+from model_agent.model.keys import configmap_key, node_label_key
+from testbed.agent_process import AgentProcess
+from testbed.models import tiny_llama
+from testbed.servers.olah import OlahServer, create_model_repo
+from tests.e2e.conftest import AgentFactory
+from tests.support.kube import Kube, LabelHistory, cbm
+from tests.support.waiting import always, eventually
+
+pytestmark = pytest.mark.e2e
+
+CBM = "ClusterBaseModel"
+AGENTS = 6
+
+
+def status(agent: AgentProcess) -> dict[str, Any]:
+    code, body = agent.http("/status")
+    assert code == 200, body
+    doc: dict[str, Any] = json.loads(body)
+    return doc
+
+
+def trash_dirs(root: Path) -> list[Path]:
+    trash = root / ".model-agent" / "trash"
+    return sorted(p for p in trash.iterdir() if p.is_dir()) if trash.is_dir() else []
+
+
+async def test_a_shared_root_fetches_once_keeps_files_a_node_stops_wanting_and_trashes_once(
+    kube: Kube, olah: OlahServer, mirrors_root: Path, make_agent: AgentFactory, unique: str, tmp_path: Path
+) -> None:
+    files = tiny_llama(41, padding_bytes=64 << 20)  # big enough that the other nodes see the fetch under way
+    repo = f"acme/shared-{unique}"
+    await asyncio.to_thread(create_model_repo, mirrors_root, repo, files)
+    shared = tmp_path / "shared-models"
+    group = {"shared-root-test": unique}
+    agents = [await make_agent(models_root=shared, labels=group) for _ in range(AGENTS)]
+    for agent in agents:  # each agent saw the others' markers: the root is shared, by detection alone
+        roots = status(agent)["sharedRoots"]
+        assert roots[0]["shared"] is True, roots
+    olah.reset_stats()
+    name = f"shared-{unique}"
+    dest = shared / "m"
+    label = node_label_key(CBM, "", name)
+    key = configmap_key(CBM, "", name)
+    await kube.apply(cbm(name, f"hf://{repo}", str(dest), nodeSelector=group))
+
+    phases: dict[str, set[str]] = {a.node: set() for a in agents}
+
+    async def all_ready() -> bool:
+        ready = 0
+        for agent in agents:
+            entry = await kube.entry(agent.node, key) or {}
+            phase = (entry.get("progress") or {}).get("phase")
+            if phase:
+                phases[agent.node].add(phase)
+            ready += (await kube.node_labels(agent.node)).get(label) == "Ready"
+        return ready == AGENTS
+
+    await eventually(all_ready, timeout=120, what=f"{AGENTS} nodes Ready on one shared root", interval=0.05)
+    fetches = [r for r in olah.requests() if r.method == "GET" and f"/{repo}/resolve/" in r.path]
+    fetchers = {re.sub(r".*model-agent/", "", r.client) for r in fetches}  # the User-Agent names the agent's node
+    served = sum(r.bytes_sent for r in fetches)
+    total = sum(len(b) for b in files.values())
+    print(f"shared root, {AGENTS} nodes: {len(fetches)} GETs from {fetchers}, {served} bytes served for {total}")
+    assert len(fetchers) == 1, fetchers  # exactly one node fetched from the origin
+    assert served <= 1.1 * total, (served, total)  # and the model's bytes once
+    waiting = [n for n, seen in phases.items() if WAITING_FOR_PEER in seen]
+    assert waiting, phases  # the others showed Updating / waiting-for-peer while one fetched
+    for rel, data in files.items():
+        assert (dest / rel).read_bytes() == data
+
+    # The selection leaves every node but the first: the others drop their label and entry, the files stay.
+    keeper, leavers = agents[0], agents[1:]
+    async with LabelHistory(kube, keeper.node, label) as history:
+        await kube.c.request(
+            "PATCH",
+            CLUSTERBASEMODELS.path(None, name),
+            body={
+                "spec": {"storage": {"nodeSelector": {"shared-root-test": None, "kubernetes.io/hostname": keeper.node}}}
+            },
+            content_type="application/merge-patch+json",
+        )
+
+        async def leavers_gone() -> bool:
+            for agent in leavers:
+                if label in await kube.node_labels(agent.node) or await kube.entry(agent.node, key) is not None:
+                    return False
+            return True
+
+        await eventually(leavers_gone, timeout=60, what="the deselected nodes' labels and entries gone")
+
+        async def files_stay() -> bool:
+            kept = all((dest / rel).is_file() for rel in files) and trash_dirs(shared) == []
+            return kept and (await kube.node_labels(keeper.node)).get(label) == "Ready"
+
+        await always(files_stay, duration=3, what="the files in place and the remaining node Ready")
+    assert set(history.values) <= {"Ready"}, history.values  # the remaining node never left Ready
+    removed = [e for e in await kube.events_for(name) if e.get("reason") == "Removed"]
+    assert removed and all("weights kept: shared root" in e.get("message", "") for e in removed), removed
+    assert (dest / "model.safetensors").read_bytes() == files["model.safetensors"]
+
+    # The model deleted: quarantined once, by one node, and restorable.
+    await kube.delete_model(CBM, name)
+
+    async def trashed() -> bool:
+        return not dest.exists() and len(trash_dirs(shared)) == 1 and label not in await kube.node_labels(keeper.node)
+
+    await eventually(trashed, timeout=60, what="the model quarantined into the shared trash")
+
+    async def trashed_once() -> bool:
+        return len(trash_dirs(shared)) == 1 and not dest.exists()
+
+    await always(trashed_once, duration=3, what="one trash entry, nothing else moved")
+    quarantined = sum(a.metric("model_agent_quarantined_total") for a in agents)
+    assert quarantined == 1, quarantined
+
+    olah.reset_stats()
+    await kube.apply(cbm(name, f"hf://{repo}", str(dest), nodeSelector=group))
+
+    async def all_ready_again() -> bool:
+        labels = [(await kube.node_labels(a.node)).get(label) for a in agents]
+        return labels == ["Ready"] * AGENTS
+
+    await eventually(all_ready_again, timeout=90, what="every node Ready again from the trash")
+    assert olah.request_count(method="GET", path_contains=f"/{repo}/resolve/") == 0  # restored, not fetched
+
+    async def stays_restored() -> bool:
+        labels = [(await kube.node_labels(a.node)).get(label) for a in agents]
+        return trash_dirs(shared) == [] and dest.is_dir() and labels == ["Ready"] * AGENTS
+
+    # A node whose removal of the old object was still settling must not move the restored copy away again.
+    await always(stays_restored, duration=4, what="the restored copy in place, every node Ready")
+    assert sum(a.metric("model_agent_quarantined_total") for a in agents) == 1
+    assert sum(a.metric("model_agent_restored_total") for a in agents) == 1  # one node restored, once
+    crashed = [a.node for a in agents if "reconcile crashed" in a.log_text()]
+    assert crashed == [], crashed
+    assert (dest / "model.safetensors").read_bytes() == files["model.safetensors"]
+    await kube.delete_model(CBM, name)
