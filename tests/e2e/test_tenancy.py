@@ -751,11 +751,20 @@ async def test_resource_attacks_fail_alone_within_the_memory_limit(
     """
     u = unique
     await kube.ensure_namespace(EVIL)
+    shared = tmp_path / f"shared-{u}"  # --tenant-local-allow: pre-provisioned weights for tenants, outside the roots
     agent = await make_agent(
-        args=(*store_args(tenant_store), "--download-min-rate", "4096", "--download-min-rate-window", "3"),
-    )
+        args=(
+            *store_args(tenant_store),
+            "--download-min-rate", "4096", "--download-min-rate-window", "3",
+            "--tenant-local-allow", str(shared),
+        ),
+    )  # fmt: skip
     root = agent.models_root
     victims = await victims_ready(kube, agent, tmp_path, u)
+    (shared / "llama").mkdir(parents=True)
+    for name, data in tiny_llama(75).items():
+        (shared / "llama" / name).write_bytes(data)
+    (shared / "escape").symlink_to(victims.dirs[0])  # inside the listed directory, leading to the victim's weights
 
     bomb_files = dict(tiny_llama(73))
     pad = b"[" + b"{}," * (16 * MiB) + b"{}]"
@@ -791,9 +800,14 @@ async def test_resource_attacks_fail_alone_within_the_memory_limit(
         "trickle": tenant_s3(f"evil-trickle-{u}", f"trickle-{u}", tenant_store, root),
         "secret": tenant_s3(f"evil-secret-{u}", f"secret-{u}", tenant_store, root, key=f"looks-like-logs-{u}"),
     }
+    models["shared"] = bm(EVIL, f"evil-shared-{u}", f"local://{shared / 'llama'}")
+    models["escape"] = bm(EVIL, f"evil-escape-{u}", f"local://{shared / 'escape'}")
     for manifest in models.values():
         await kube.apply(manifest)
 
+    await wait_state(kube, agent, models["shared"], "Ready")  # an admin-listed directory serves tenants
+    escape = await wait_failed(kube, agent, models["escape"], "InvalidPath")
+    assert str(victims.dirs[0]) not in escape["reason"], escape  # the symlink's target is not revealed
     endless = await wait_failed(kube, agent, models["endless"], "ListingTooLarge")
     assert "more than 100000 objects" in endless["reason"], endless
     trickle = await wait_failed(kube, agent, models["trickle"], "DownloadTooSlow")
@@ -808,7 +822,7 @@ async def test_resource_attacks_fail_alone_within_the_memory_limit(
 
     for name, manifest in models.items():
         reasons = await warning_reasons(kube, EVIL, manifest["metadata"]["name"])
-        if name in ("endless", "trickle", "secret"):
+        if name in ("endless", "trickle", "secret", "escape"):
             assert reasons, f"no Warning Event for {name}"
     assert await victims.snapshot(kube, agent) == victims.before
     limit = chart_memory_limit()

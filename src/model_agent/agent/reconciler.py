@@ -50,6 +50,7 @@ from model_agent.agent.ownership import (
 from model_agent.agent.removal import Candidate, Remover
 from model_agent.agent.requeue import Requeue
 from model_agent.agent.shared_root import SharedRoots
+from model_agent.agent.tenant_local import admin_allows
 from model_agent.kube.client import ApiError, ApiUnavailable, KubeClient
 from model_agent.kube.resources import MODEL_RESOURCES
 from model_agent.local.inventory import delete_discarded, discard
@@ -145,6 +146,8 @@ class Context:
     download_limits: DownloadLimits = field(default_factory=DownloadLimits)
     # --max-failed-per-namespace: Failed entries and labels one namespace may show here (agent/failed_quota.py).
     max_failed_per_namespace: int = DEFAULT_FAILED_PER_NAMESPACE
+    # --tenant-local-allow: directories besides the roots where tenants' local:// paths may lie (agent/tenant_local.py).
+    tenant_local_allow: tuple[str, ...] = ()
     # Shared models roots (agent/shared_root.py): one fetch for the cluster; None: every root is private.
     shared_roots: SharedRoots | None = None
 
@@ -188,7 +191,8 @@ class Reconciler:
             # resolved path is the identity, as for every other target: a record and a spec that spell one
             # directory differently are the same target, and a re-pointed symlink is a new one.
             try:
-                path = Path(os.path.realpath(self.ctx.layout.check_local(raw_path, tenant=bool(obj.ref.namespace))))
+                tenant = bool(obj.ref.namespace) and not admin_allows(raw_path, self.ctx.tenant_local_allow)
+                path = Path(os.path.realpath(self.ctx.layout.check_local(raw_path, tenant=tenant)))
             except PathRefused as exc:
                 raise Invalid("InvalidPath", str(exc)) from None
             conflict = self._older_claim(obj, uri, raw_path, path)

@@ -64,6 +64,7 @@ class Settings(BaseSettings):
     tenant_endpoint_allow: TextList = Field(default_factory=list)  # added to each store's public endpoints
     cluster_cidrs: TextList = Field(default_factory=list)  # pod/service/node ranges refused to tenant models
     tenant_address_allow: TextList = Field(default_factory=list)  # exceptions to the address rules
+    tenant_local_allow: TextList = Field(default_factory=list)  # directories tenants' local:// may also use
     max_failed_per_namespace: int = 50  # Failed entries + labels one namespace may show per node (0: no cap)
 
     # API load
@@ -91,7 +92,12 @@ class Settings(BaseSettings):
         return value
 
     @field_validator(
-        "trusted_namespaces", "tenant_endpoint_allow", "cluster_cidrs", "tenant_address_allow", mode="before"
+        "trusted_namespaces",
+        "tenant_endpoint_allow",
+        "cluster_cidrs",
+        "tenant_address_allow",
+        "tenant_local_allow",
+        mode="before",
     )
     @classmethod
     def _text_list(cls, value: Any) -> Any:

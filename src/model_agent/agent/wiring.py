@@ -198,6 +198,7 @@ class Wiring:
                 origin_slots=self.origin.hold,
                 download_limits=settings.download_limits(),
                 max_failed_per_namespace=settings.max_failed_per_namespace,
+                tenant_local_allow=tuple(settings.tenant_local_allow),
                 shared_roots=self.shared_roots,
             )
         )

@@ -113,6 +113,10 @@ def run(
     tenant_address_allow: Annotated[
         list[str] | None, Opt(help="Range exempt from the tenant address rules, never metadata (repeatable).")
     ] = None,
+    tenant_local_allow: Annotated[
+        list[str] | None,
+        Opt(help="Directory besides the roots where tenant BaseModels' local:// paths may lie (repeatable)."),
+    ] = None,
     max_failed_per_namespace: Annotated[
         int | None, Opt(help="Failed models of one namespace shown (entry + label) on this node (50; 0: no cap).")
     ] = None,
@@ -158,6 +162,7 @@ def run(
         "cluster_cidrs": cluster_cidr,
         "tenant_address_allow": tenant_address_allow,
         "max_failed_per_namespace": max_failed_per_namespace,
+        "tenant_local_allow": tenant_local_allow,
     }
     kwargs = {k: v for k, v in given.items() if v is not None}
     if not os.environ.get("NODE_NAME") and node_name:
