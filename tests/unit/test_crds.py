@@ -42,6 +42,7 @@ SPEC_FIELDS = {
     "diffusionPipeline",
     "disabled",
     "displayName",
+    "distribution",
     "maxTokens",
     "modelArchitecture",
     "modelCapabilities",
@@ -219,7 +220,17 @@ def test_node_affinity_is_written_out(plural: str) -> None:
 def test_status_schema(plural: str) -> None:
     status = schema(load(plural))["properties"]["status"]
     assert status["required"] == ["state"]
-    assert set(status["properties"]) == {"lifecycle", "nodesFailed", "nodesReady", "state"}
+    assert set(status["properties"]) == {
+        "cache",
+        "conditions",
+        "lastReconcileTime",
+        "lifecycle",
+        "nodesEvicted",
+        "nodesFailed",
+        "nodesReady",
+        "observedGeneration",
+        "state",
+    }
     assert status["properties"]["state"]["enum"] == [
         "Creating",
         "Importing",
@@ -227,9 +238,14 @@ def test_status_schema(plural: str) -> None:
         "In_Training",
         "Ready",
         "Failed",
+        "Evicted",
     ]
-    for name in ("nodesReady", "nodesFailed"):
+    for name in ("nodesReady", "nodesFailed", "nodesEvicted"):
         assert status["properties"][name]["x-kubernetes-list-type"] == "atomic"
+    conditions = status["properties"]["conditions"]
+    assert (conditions["x-kubernetes-list-type"], conditions["x-kubernetes-list-map-keys"]) == ("map", ["type"])
+    assert set(conditions["items"]["required"]) == {"lastTransitionTime", "message", "reason", "status", "type"}
+    assert set(status["properties"]["cache"]["properties"]) == {"backend", "sourceUri"}
 
 
 @pytest.mark.parametrize("plural", sorted(KINDS))
