@@ -29,7 +29,7 @@ from model_agent.model.resources import ModelKind, ModelObject, ModelRef
 from model_agent.model.uris import StorageType
 from model_agent.ops.events import ObjectRef
 from model_agent.ops.metrics import Metrics
-from model_agent.sources.base import FetchRequest, FetchResult
+from model_agent.sources.base import FetchRequest, FetchResult, SourceRules
 from tests.support.fake_kube import FakeKubeClient, not_found
 from tests.support.waiting import until
 
@@ -74,6 +74,8 @@ class Events:
 
 class StagingSource:
     """A source that stages the weights into ``request.staging`` as a real download would."""
+
+    rules = SourceRules()
 
     async def fetch(self, request: FetchRequest) -> FetchResult:
         request.staging.mkdir(parents=True, exist_ok=True)

@@ -31,7 +31,7 @@ from model_agent.local.trash import Trash
 from model_agent.model.resources import ModelObject
 from model_agent.model.uris import StorageType
 from model_agent.ops.metrics import Metrics
-from model_agent.sources.base import FetchRequest, FetchResult
+from model_agent.sources.base import FetchRequest, FetchResult, SourceRules
 
 URI = "hf://acme/llama"
 VICTIM = Owner("team-a", URI)
@@ -461,6 +461,8 @@ class _Events:
 
 class _GatedSource:
     """Stages one file, but only once the test lets the download finish."""
+
+    rules = SourceRules()
 
     def __init__(self) -> None:
         self.started = asyncio.Event()

@@ -61,6 +61,7 @@ from model_agent.local.trash import Trash
 from model_agent.model.entry import DownloadProgress, ModelConfig, ModelEntry, rfc3339
 from model_agent.model.keys import ModelState
 from model_agent.model.metadata import MetadataError, ParsedMetadata, parse_model_dir
+from model_agent.model.reasons import Reason
 from model_agent.model.resources import InvalidModel, ModelObject, ModelRef, reserve_artifact, skip_config_parsing
 from model_agent.model.selection import DEFAULT_INSTANCE_TYPE_MAP, instance_shape_alias, node_selected
 from model_agent.model.uris import (
@@ -74,7 +75,6 @@ from model_agent.ops.events import NORMAL, WARNING, EventRecorder, ObjectRef
 from model_agent.ops.metrics import Metrics
 from model_agent.sources.base import FetchRequest, Progress, Source, SourceError, publish
 from model_agent.sources.hf import HuggingFaceSource
-from model_agent.sources.oci import uses_storage_secret
 
 log = structlog.get_logger(__name__)
 
@@ -538,8 +538,10 @@ class Reconciler:
         ctx = self.ctx
         started = time.monotonic()
         labels = _metric_labels(ref)
+        source = ctx.sources.get(target.storage_type, ctx.hf)
+        rules = source.rules
         token = None
-        if target.storage_type == StorageType.HUGGINGFACE:
+        if rules.wants_token:
             resolved = await resolve_hf_token(ctx.client, obj, ctx.namespace)
             token = resolved.token
             if resolved.origin == "parameters":
@@ -550,7 +552,7 @@ class Reconciler:
                     "spec.storage.parameters.token holds a plain-text token; use a Secret via spec.storage.key",
                 )
         secret = None
-        if self._reads_secret(target, obj):
+        if rules.reads_secret(obj.spec.storage.parameters):
             secret = await read_storage_secret(ctx.client, obj, ctx.namespace)
         staging = target.root.staging / token_for(ref.key)
         last_write = [0.0]
@@ -579,7 +581,7 @@ class Reconciler:
             parameters=dict(obj.spec.storage.parameters),
             on_progress=on_progress,
             root=target.root.path,
-            shape_alias=self._shape_filter(target, obj),
+            shape_alias=self._shape_filter(obj) if rules.shape_filter else None,
             owner=model_owner(obj),  # tenancy: a BaseModel outside the trusted namespaces (sources/egress.py)
         )
 
@@ -596,14 +598,14 @@ class Reconciler:
                     await asyncio.to_thread(crashes.begin, ref.key, uid, generation, Step.LISTING)
                     listing_open[0] = True
                     result = await run_within_limits(
-                        ctx.sources.get(target.storage_type, ctx.hf).fetch(request),
+                        source.fetch(request),
                         lambda: job.progress,
                         ctx.download_limits,
                     )
                 except SourceError as exc:
-                    if target.storage_type == StorageType.OCI and exc.reason == "VerificationFailed":
+                    if rules.counts_listed_bytes and exc.reason == Reason.VERIFICATION_FAILED:
                         ctx.metrics.verifications.labels(*labels, "failure").inc()
-                        if "md5" in exc.message.lower():
+                        if rules.md5_failure(exc):
                             ctx.metrics.md5_failed.labels(*labels).inc()
                     raise
                 finally:
@@ -654,7 +656,7 @@ class Reconciler:
         ctx.metrics.download_duration.labels(*labels).observe(time.monotonic() - started)
         fetched = sum(f.size for f in files if f.path in set(result.staged))
         ctx.metrics.fetched_bytes.inc(fetched)
-        if target.storage_type == StorageType.OCI:  # OME's OCI-only metrics (spec 11.1): every listed byte counts
+        if rules.counts_listed_bytes:  # OME's OCI-only metrics (spec 11.1): every listed byte counts
             ctx.metrics.verifications.labels(*labels, "success").inc()
             ctx.metrics.download_bytes.labels(*labels).inc(manifest.total_bytes)
         ctx.events.emit(
@@ -675,25 +677,11 @@ class Reconciler:
         except (InvalidModel, Invalid):
             return False
 
-    @staticmethod
-    def _reads_secret(target: Target, obj: ModelObject) -> bool:
-        """Whether the fetch needs the Secret of ``spec.storage.key`` (HF resolves its own token).
-
-        OCI uses node credentials, never a Secret (spec 10.1), except for its S3-compatible mode.
-        """
-        if target.storage_type == StorageType.HUGGINGFACE:
-            return False
-        if target.storage_type == StorageType.OCI:
-            return uses_storage_secret(obj.spec.storage.parameters)
-        return True
-
-    def _shape_filter(self, target: Target, obj: ModelObject) -> str | None:
-        """Spec 3.3: the node's shape alias for TensorRT-LLM serving models from OCI, else None.
+    def _shape_filter(self, obj: ModelObject) -> str | None:
+        """Spec 3.3: the node's shape alias for TensorRT-LLM serving models (of a source with a shape filter).
 
         Taken from the Node's current labels (OME computes it once at start-up).
         """
-        if target.storage_type != StorageType.OCI:
-            return None
         fmt = obj.spec.model_format.name if obj.spec.model_format is not None else None
         if fmt != "tensorrtllm" or obj.spec.additional_metadata.get("type", "Serving") != "Serving":
             return None

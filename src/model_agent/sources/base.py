@@ -18,7 +18,7 @@ import errno
 import os
 import shutil
 import stat
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -78,8 +78,38 @@ class FetchResult:
     staged: list[str] = field(default_factory=list)
 
 
+def _always(_parameters: Mapping[str, str]) -> bool:
+    return True
+
+
+def _never(_error: SourceError) -> bool:
+    return False
+
+
+@dataclass(frozen=True)
+class SourceRules:
+    """What the agent must do around one store's fetch, so the reconciler names no scheme.
+
+    * ``wants_token``: the fetch takes a bearer token the agent resolves (Hugging Face: a Secret, the
+      parameters, or the platform's ``HF_TOKEN``) instead of the Secret of ``spec.storage.key``;
+    * ``reads_secret(parameters)``: whether the fetch reads that Secret (OCI only in its S3-compatible mode);
+    * ``counts_listed_bytes``: OME's OCI-only metrics — every listed byte counts as downloaded and each
+      fetch records a verification outcome (docs/ome-compatibility.md#111-prometheus-metrics);
+    * ``md5_failure(error)``: whether a failed verification was an MD5 mismatch (its own counter);
+    * ``shape_filter``: TensorRT-LLM serving models are filtered by the node's shape alias.
+    """
+
+    wants_token: bool = False
+    reads_secret: Callable[[Mapping[str, str]], bool] = _always
+    counts_listed_bytes: bool = False
+    md5_failure: Callable[[SourceError], bool] = _never
+    shape_filter: bool = False
+
+
 class Source(Protocol):
     """One store's control plane (see the module contract): turn a request into verified files in staging."""
+
+    rules: SourceRules
 
     async def fetch(self, request: FetchRequest) -> FetchResult:
         """Fetch ``request`` into its staging directory; raise ``SourceError`` with a reason on failure."""

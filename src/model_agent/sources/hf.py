@@ -44,7 +44,7 @@ from urllib.parse import urljoin, urlsplit
 from model_agent.local.capacity import REGISTRY, Reservation, is_disk_full
 from model_agent.local.manifest import FileRecord, file_digest
 from model_agent.model.uris import parse_hf_uri
-from model_agent.sources.base import FetchRequest, FetchResult, Progress, ResolveRecords, SourceError
+from model_agent.sources.base import FetchRequest, FetchResult, Progress, ResolveRecords, SourceError, SourceRules
 from model_agent.transfer import (
     Expected,
     RangedConfig,
@@ -126,6 +126,11 @@ class _Location:
 
 
 class HuggingFaceSource:
+    """The ``hf://`` source; one instance serves every Hugging Face model of the agent."""
+
+    # The agent resolves the token (Secret, parameters or the platform's HF_TOKEN); no storage Secret is read.
+    rules = SourceRules(wants_token=True, reads_secret=lambda _parameters: False)
+
     def __init__(
         self,
         endpoint: str | None = None,

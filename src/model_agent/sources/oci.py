@@ -85,7 +85,7 @@ from urllib.parse import quote
 from model_agent.local.capacity import REGISTRY, CapacityRegistry
 from model_agent.model.reasons import Reason
 from model_agent.model.uris import InvalidStorageUri, parse_oci_uri
-from model_agent.sources.base import FetchRequest, FetchResult, Progress, SourceError
+from model_agent.sources.base import FetchRequest, FetchResult, Progress, SourceError, SourceRules
 from model_agent.sources.egress import guard_for, refused
 from model_agent.sources.listing import ListingBudget
 from model_agent.sources.objects import ObjectGet, RemoteObject, Transfer, fetch_listed, listed_object
@@ -345,8 +345,19 @@ class _SignedGets:
         return self._fresh(url) or self.sign(url)  # signed moments ago by url_source; inline only as a fallback
 
 
+def md5_mismatch(error: SourceError) -> bool:
+    """Whether a failed verification of an OCI fetch was an MD5 mismatch (the engine's message names it)."""
+    return error.reason == Reason.VERIFICATION_FAILED and "md5" in error.message.lower()
+
+
 class OciSource:
     """The ``oci://`` source; one instance serves every OCI model of the agent (clients are cached)."""
+
+    # Node credentials, never a Secret (docs/ome-compatibility.md#101-client), except in S3-compatible mode;
+    # OME's OCI-only metrics; the TensorRT-LLM shape filter.
+    rules = SourceRules(
+        reads_secret=uses_storage_secret, counts_listed_bytes=True, md5_failure=md5_mismatch, shape_filter=True
+    )
 
     def __init__(
         self,
