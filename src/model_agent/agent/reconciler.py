@@ -314,7 +314,7 @@ class Reconciler:
     ) -> None:
         """Gather the facts for one wanted model, :func:`~model_agent.agent.converge.decide`, and act."""
         ctx = self.ctx
-        ctx.remover.ctx.breaker.forget(ref.key)  # wanted here: not a pending removal any more
+        ctx.remover.wanted(ref.key)  # not a pending removal any more
         if target.link is not None:  # a shared artifact: adopt a sibling's verified copy, or wait for its fetch
             adoption = await adopt_or_wait(
                 ctx.manifests,

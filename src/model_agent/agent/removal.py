@@ -114,6 +114,10 @@ class Remover:
 
     # ------------------------------------------------------------------------------------ entry points
 
+    def wanted(self, key: str) -> None:
+        """The model is wanted here again: it is no longer a pending removal the breaker counts."""
+        self.ctx.breaker.forget(key)
+
     def note_last_state(self, key: str, obj: dict[str, Any]) -> None:
         """Fed with every model change: the new state, or for a delete the last state the store held."""
         uid = str((obj.get("metadata") or {}).get("uid") or "")
