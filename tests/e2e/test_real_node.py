@@ -16,8 +16,9 @@ The tests run in order and share the release:
 4. a rollout restart (the DaemonSet template annotation patched, what ``kubectl rollout restart``
    does) replaces the pod while a Node watch sees no ``models.ome.io`` label leave ``Ready``; the new pod
    is Ready without fetching a byte;
-5. a drain (cordon, the agent evicted) and uncordon: the agent comes back, labels intact, nothing fetched;
-6. teardown leaves the host as it was (sysctls, netfilter chains, mounts, cgroups, fixed paths).
+5. the agent OOM-killed (its memory limit lowered on purpose) comes back and converges, nothing lost;
+6. a drain (cordon, the agent evicted) and uncordon: the agent comes back, labels intact, nothing fetched;
+7. teardown leaves the host as it was (sysctls, netfilter chains, mounts, cgroups, fixed paths).
 """
 
 from __future__ import annotations
@@ -429,6 +430,51 @@ async def test_rollout_restart_keeps_every_label_ready_and_downloads_nothing(
     text = await asyncio.to_thread(agent_metrics, bed)
     assert metric_total(text, "model_agent_fetched_bytes_total") == 0, "the new pod downloaded"
     assert new["metadata"]["name"] != old["metadata"]["name"]
+
+
+def container_memory_cgroup(pod: dict[str, Any]) -> Path:
+    container_id = pod["status"]["containerStatuses"][0]["containerID"].split("://", 1)[1]
+    found = sorted(Path("/sys/fs/cgroup/memory/kubepods").glob(f"*/pod{pod['metadata']['uid']}/{container_id}"))
+    found += sorted(Path("/sys/fs/cgroup/memory/kubepods").glob(f"pod{pod['metadata']['uid']}/{container_id}"))
+    assert found, f"no memory cgroup for container {container_id}"
+    return found[0]
+
+
+async def test_oom_killed_agent_comes_back_and_converges(bed: Bed, admin: KubeClient, models: Models) -> None:
+    """The agent's container is OOM-killed by the kernel for exceeding its memory limit, set low on purpose:
+    the container's memory cgroup limit is lowered to just above its usage and a process in the container
+    allocates past it; the memcg OOM killer picks the largest task (the agent). The runtime reports
+    OOMKilled, the kubelet restarts the container, the agent converges with every label still Ready."""
+    kube = Kube(admin)
+    keys = [node_label_key(CBM, "", models.local), node_label_key(CBM, "", models.hf)]
+    pod = await ready_pod(admin)
+    restarts = pod["status"]["containerStatuses"][0]["restartCount"]
+    cgroup = container_memory_cgroup(pod)
+    usage = int((cgroup / "memory.usage_in_bytes").read_text())
+    print(f"agent container memory at steady state with 2 models: {usage >> 20} MiB")
+    (cgroup / "memory.limit_in_bytes").write_text(str(usage + (16 << 20)))
+    container_id = pod["status"]["containerStatuses"][0]["containerID"].split("://", 1)[1]
+    ctr = ["ctr", "--address", str(bed.node.containerd.socket), "-n", "k8s.io", "tasks", "exec"]
+    hog = "b = bytearray(64 << 20); import time; time.sleep(30)"
+    await asyncio.to_thread(
+        subprocess.run, [*ctr, "--exec-id", "oom", container_id, "python", "-c", hog], capture_output=True, timeout=60
+    )
+
+    async def restarted() -> dict[str, Any] | None:
+        current = (await agent_pods(admin))[0]
+        status = current["status"]["containerStatuses"][0]
+        last = (status.get("lastState") or {}).get("terminated") or {}
+        if status["restartCount"] > restarts and last.get("reason") == "OOMKilled" and condition(current, "Ready"):
+            return current
+        return None
+
+    await eventually(restarted, timeout=120, what="the agent OOMKilled, restarted and Ready again", interval=0.5)
+    labels = await kube.node_labels(bed.node.name)
+    assert all(labels.get(k) == "Ready" for k in keys), labels
+    for rel, data in tiny_llama(3).items():
+        assert (bed.node.models_root / "cluster" / models.hf / rel).read_bytes() == data, rel
+    text = await asyncio.to_thread(agent_metrics, bed)
+    assert metric_total(text, "model_agent_fetched_bytes_total") == 0, "the restarted agent downloaded"
 
 
 async def test_drained_node_gets_its_agent_back_with_labels_intact(bed: Bed, admin: KubeClient, models: Models) -> None:
