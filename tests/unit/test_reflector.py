@@ -220,7 +220,7 @@ async def test_an_event_of_an_unexpected_shape_ends_run_with_the_exception() -> 
     client.always("GET", LIST_PATH, page([]))
     client.watches.append([{"type": "ADDED", "object": {"kind": "ClusterBaseModel", "metadata": "garbage"}}])
     reflector = make(client, Recorder())
-    with pytest.raises(AttributeError):
+    with pytest.raises(reflector_module.MalformedEvent):
         await asyncio.wait_for(reflector.run(), DEADLINE_S)
 
 

@@ -38,6 +38,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
+from model_agent.kube import objects
 from model_agent.kube.client import ApiError, ApiUnavailable, KubeClient
 from model_agent.kube.resources import MODEL_RESOURCES
 from model_agent.model.resources import ModelRef
@@ -109,13 +110,12 @@ def decide_from_list(
 
 def _decide_live(live: dict[str, Any], recorded_uid: str, read_at: float | None) -> Confirmation:
     """The rows of the table for an object that was read: another UID, being deleted, or alive."""
-    meta = live.get("metadata") or {}
-    live_uid = str(meta.get("uid") or "")
+    live_uid = objects.uid(live)
     if recorded_uid and live_uid and live_uid != recorded_uid:
         return Confirmation(
             Outcome.RECREATED_NEW_UID, live, detail=f"uid {recorded_uid} -> {live_uid}", read_at=read_at
         )
-    if meta.get("deletionTimestamp"):
+    if objects.deleting(live):
         return Confirmation(Outcome.DELETING, live, detail="deletionTimestamp set", read_at=read_at)
     return Confirmation(Outcome.ALIVE_SAME_UID, live, read_at=read_at)
 
@@ -303,10 +303,9 @@ class Confirmer:
                 if not isinstance(items, list):
                     raise ApiUnavailable("LIST answer without items")
                 for item in items:
-                    meta = item.get("metadata") or {}
                     item.setdefault("kind", resource.kind)
-                    listed[(str(meta.get("namespace") or ""), str(meta.get("name") or ""))] = item
-                cont = str((page.get("metadata") or {}).get("continue") or "")
+                    listed[(objects.namespace(item), objects.name(item))] = item
+                cont = str(objects.meta(page).get("continue") or "")
                 if not cont:
                     return listed
 

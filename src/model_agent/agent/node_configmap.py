@@ -36,6 +36,7 @@ from model_agent.agent.batcher import KeyBatcher
 from model_agent.agent.configmap_space import DATA_LIMIT_BYTES, HEADROOM_BYTES, Placement, entry_bytes, place
 from model_agent.agent.configmap_space import data_bytes as _data_bytes
 from model_agent.agent.requeue import Requeue
+from model_agent.kube import objects
 from model_agent.kube.client import ApiError, KubeClient
 from model_agent.kube.resources import CONFIGMAPS
 from model_agent.model.entry import cap_entry_json, without_config
@@ -73,7 +74,7 @@ class ConfigMapFull(Requeue):
 
 def _resource_version(obj: dict[str, Any]) -> int:
     try:
-        return int((obj.get("metadata") or {}).get("resourceVersion") or 0)
+        return int(objects.resource_version(obj) or 0)
     except ValueError:
         return 0
 
@@ -134,9 +135,8 @@ class NodeConfigMap:
         cm = self._current()
         if cm is None:
             return False
-        meta = cm.get("metadata") or {}
-        labels = meta.get("labels") or {}
-        annotations = meta.get("annotations") or {}
+        labels = objects.labels(cm)
+        annotations = objects.annotations_of(cm)
         want_labels = configmap_labels(self.node_name)
         want_ann = configmap_annotations(self.node_name)
         return all(labels.get(k) == v for k, v in want_labels.items()) and all(

@@ -20,6 +20,7 @@ from typing import Any
 import structlog
 
 from model_agent.agent.batcher import KeyBatcher
+from model_agent.kube import objects
 from model_agent.kube.client import ApiError, ApiUnavailable, KubeClient
 from model_agent.kube.resources import NODES
 from model_agent.model.keys import MODEL_LABEL_DOMAIN
@@ -50,7 +51,7 @@ class NodeLabels:
     def labels(self) -> dict[str, str]:
         """A copy of every label of the watched Node, as last heard (selection is evaluated against these)."""
         node = self._current_node() or {}
-        labels = (node.get("metadata") or {}).get("labels") or {}
+        labels = objects.labels(node)
         return dict(labels)
 
     def model_labels(self) -> dict[str, str]:
@@ -65,7 +66,7 @@ class NodeLabels:
         node = self._current_node()
         if node is None and value is None:
             return False
-        labels = ((node or {}).get("metadata") or {}).get("labels") or {}
+        labels = objects.labels(node)
         if labels.get(key) == value:
             return False
         await self.batcher.write(key, value)

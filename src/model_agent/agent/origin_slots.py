@@ -28,6 +28,7 @@ from typing import Any
 
 import structlog
 
+from model_agent.kube import objects
 from model_agent.kube.client import ApiError, ApiUnavailable, KubeClient
 from model_agent.kube.resources import LEASES
 
@@ -173,7 +174,7 @@ class OriginSlots:
         expired = renewed is None or renewed + timedelta(seconds=duration) < _now()
         if holder and holder != self._holder and not expired:
             return False
-        rv = str((lease.get("metadata") or {}).get("resourceVersion") or "")
+        rv = objects.resource_version(lease)
         try:
             await self._client.request("PUT", path, body=self._body(name, _now(), rv))
             return True

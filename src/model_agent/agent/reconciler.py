@@ -51,6 +51,7 @@ from model_agent.agent.removal import Candidate, Remover
 from model_agent.agent.requeue import Requeue
 from model_agent.agent.shared_root import SharedRoots
 from model_agent.agent.tenant_local import admin_allows
+from model_agent.kube import objects
 from model_agent.kube.client import ApiError, ApiUnavailable, KubeClient
 from model_agent.kube.resources import MODEL_RESOURCES
 from model_agent.local.inventory import delete_discarded, discard
@@ -236,7 +237,7 @@ class Reconciler:
             owner_of_model(obj),
             tuple(dict.fromkeys((written, str(dest)))),
             Mode.READ if local else Mode.WRITE,
-            str((own.get("metadata") or {}).get("creationTimestamp") or ""),
+            str(objects.meta(own).get("creationTimestamp") or ""),
         )
 
         def live_here(claim: Claim) -> bool:

@@ -51,12 +51,13 @@ from model_agent.agent.node_configmap import NodeConfigMap
 from model_agent.agent.node_labels import NodeLabels
 from model_agent.agent.requeue import Requeue
 from model_agent.agent.shared_root import FULL, RemovalPlan, SharedRoots, confirmed_gone
+from model_agent.kube import objects
 from model_agent.kube.client import ApiError, ApiUnavailable, KubeClient
 from model_agent.kube.resources import NODES
 from model_agent.local.layout import Layout, PathRefused, token_for
 from model_agent.local.manifest import Manifest, ManifestStore
 from model_agent.local.trash import Trash
-from model_agent.model.keys import RESERVE_MODEL_ARTIFACT_LABEL, ModelKind
+from model_agent.model.keys import RESERVE_MODEL_ARTIFACT_LABEL
 from model_agent.model.reasons import EventReason
 from model_agent.model.resources import InvalidModel, ModelObject, ModelRef
 from model_agent.model.selection import node_selected
@@ -120,7 +121,7 @@ class Remover:
 
     def note_last_state(self, key: str, obj: dict[str, Any]) -> None:
         """Fed with every model change: the new state, or for a delete the last state the store held."""
-        uid = str((obj.get("metadata") or {}).get("uid") or "")
+        uid = objects.uid(obj)
         if not uid:
             return
         if _reserved_in(obj):
@@ -155,7 +156,7 @@ class Remover:
             # A successor with the same source and path: its weights are these. Adopt, do not remove.
             ctx.breaker.forget(ref.key)
             manifest = candidate.manifest
-            manifest.uid = str(((confirmation.live or {}).get("metadata") or {}).get("uid") or "")
+            manifest.uid = objects.uid(confirmation.live)
             manifest.removing = ""
             await asyncio.to_thread(ctx.manifests.save, manifest, ctx.layout.record_root(Path(manifest.dest)))
             log.info("recreated object adopts the existing weights", key=ref.key)
@@ -257,7 +258,7 @@ class Remover:
             node = await self.ctx.client.request("GET", NODES.path(name=self.ctx.node_name))
         except (ApiError, ApiUnavailable) as exc:
             raise Requeue(f"live read of the Node failed: {exc}") from None
-        labels = (node.get("metadata") or {}).get("labels") or {}
+        labels = objects.labels(node)
         return not node_selected(obj.spec.storage, labels, self.ctx.node_name)
 
     async def _void_intent(self, ref: ModelRef) -> None:
@@ -290,10 +291,9 @@ class Remover:
     def _recreated_in_cache(self, ref: ModelRef, known_uids: set[str]) -> bool:
         """Does the cache now hold an object of this key with a UID the decision did not see, not deleting?"""
         for raw in self.ctx.cached_models():
-            meta = raw.get("metadata") or {}
-            if _ref_of(raw) != ref or meta.get("deletionTimestamp"):
+            if _ref_of(raw) != ref or objects.deleting(raw):
                 continue
-            uid = str(meta.get("uid") or "")
+            uid = objects.uid(raw)
             if uid and uid not in known_uids:
                 return True
         return False
@@ -301,9 +301,8 @@ class Remover:
     def _keys_of_other_live_models(self, ref: ModelRef) -> set[str]:
         keys: set[str] = set()
         for raw in self.ctx.cached_models():
-            meta = raw.get("metadata") or {}
             other = _ref_of(raw)
-            if other is not None and other != ref and not meta.get("deletionTimestamp"):
+            if other is not None and other != ref and not objects.deleting(raw):
                 keys.update((other.label_key, other.configmap_key))
         return keys
 
@@ -312,16 +311,11 @@ class Remover:
         if new_target is not None and new_target.endswith(f"|{dest}"):
             return True
         for raw in self.ctx.cached_models():
-            meta = raw.get("metadata") or {}
             storage = ((raw.get("spec") or {}).get("storage")) or {}
             path = storage.get("path")
-            if not path or meta.get("deletionTimestamp"):
+            if not path or objects.deleting(raw):
                 continue
-            same = (str(raw.get("kind")), str(meta.get("namespace") or ""), str(meta.get("name"))) == (
-                ref.kind.value,
-                ref.namespace,
-                ref.name,
-            )
+            same = _ref_of(raw) == ref
             if same and new_target is None:
                 continue
             try:
@@ -357,7 +351,7 @@ class Remover:
     async def _act(self, candidate: Candidate, confirmation: Confirmation, plan: RemovalPlan = FULL) -> None:
         ctx = self.ctx
         ref = candidate.ref
-        live_uid = str(((confirmation.live or {}).get("metadata") or {}).get("uid") or "")
+        live_uid = objects.uid(confirmation.live)
         known_uids = {candidate.uid, live_uid} - {""}
         if self._recreated_in_cache(ref, known_uids):
             self._back_off_for_a_successor(ref)
@@ -434,9 +428,8 @@ def superseded_key(ref: ModelRef, manifest: Manifest) -> str:
 
 
 def _ref_of(raw: dict[str, Any]) -> ModelRef | None:
-    meta = raw.get("metadata") or {}
     try:
-        return ModelRef(ModelKind(str(raw.get("kind"))), str(meta.get("namespace") or ""), str(meta.get("name")))
+        return ModelRef.from_object(raw)
     except ValueError:
         return None
 
@@ -447,8 +440,7 @@ def _reserved_in(obj: dict[str, Any]) -> bool:
     Every model change passes here, so the spec is not parsed; an object too malformed to parse still
     keeps its weights when it says so.
     """
-    labels = (obj.get("metadata") or {}).get("labels") or {}
-    return isinstance(labels, dict) and str(labels.get(RESERVE_MODEL_ARTIFACT_LABEL, "")).lower() == "true"
+    return objects.labels(obj).get(RESERVE_MODEL_ARTIFACT_LABEL, "").lower() == "true"
 
 
 def _wants(live: dict[str, Any] | None, storage_uri: str, dest: str) -> bool:

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 
+from model_agent.kube import objects
 from model_agent.kube.store import Change, object_key
 from model_agent.model import key_owners
 from model_agent.model.keys import MODEL_LABEL_DOMAIN
@@ -85,8 +86,7 @@ class WatchHandlers:
 
     def on_node_change(self, change: Change, _source: str) -> None:
         """The Node changed: re-evaluate selection (other labels) or repair a model label someone changed."""
-        old = ((change.old or {}).get("metadata") or {}).get("labels") or {}
-        new = ((change.new or {}).get("metadata") or {}).get("labels") or {}
+        old, new = objects.labels(change.old), objects.labels(change.new)
         changed = {k for k in set(old) | set(new) if old.get(k) != new.get(k)}
         prefix = MODEL_LABEL_DOMAIN + "/"
         if any(not k.startswith(prefix) for k in changed):

@@ -35,6 +35,7 @@ from typing import Any
 
 import structlog
 
+from model_agent.kube import objects
 from model_agent.kube.client import ApiError, ApiUnavailable, KubeClient
 from model_agent.kube.resources import Resource
 from model_agent.kube.store import Change, Store
@@ -50,6 +51,10 @@ BACKOFF_CAP_S = 30.0
 # A watch that ends within this long of opening (cleanly, refused or with 410) is reopened only after a
 # backoff: a server or proxy that closes every watch at once must not make the reflector spin.
 MIN_WATCH_S = 1.0
+
+
+class MalformedEvent(ValueError):
+    """A watch event the API server cannot have sent (its object lacks a ``metadata`` mapping)."""
 
 
 class _Relist(Exception):
@@ -185,7 +190,7 @@ class Reflector:
             if cont:
                 query["continue"] = cont
             page = await self.client.request("GET", path, query=query, timeout=LIST_TIMEOUT_S)
-            meta = page.get("metadata") or {}
+            meta = objects.meta(page)
             raw_items = page.get("items")
             if not isinstance(raw_items, list):
                 raise ApiUnavailable(f"LIST {path}: answer without an items list")
@@ -276,7 +281,11 @@ class Reflector:
                 code = obj.get("code")
                 log.info("watch error event", resource=self.name, code=code, message=obj.get("message"))
                 raise _Relist()
-            rv = str((obj.get("metadata") or {}).get("resourceVersion") or "")
+            if not isinstance(obj.get("metadata"), dict):
+                # Not the API server's shape: end the run loudly (the supervisor logs, counts and restarts it)
+                # rather than file an object under an empty key.
+                raise MalformedEvent(f"{self.name}: a {etype} event whose object has no metadata mapping")
+            rv = objects.resource_version(obj)
             if etype == "BOOKMARK":
                 if rv:
                     self.resource_version = rv

@@ -28,25 +28,25 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from model_agent.kube import objects
+
 Obj = dict[str, Any]
 
 
 def object_key(obj: Obj) -> str:
     """The store key of ``obj``: ``namespace/name``, or ``name`` for a cluster-scoped object (as client-go's)."""
-    meta = obj.get("metadata") or {}
-    ns = meta.get("namespace") or ""
-    name = str(meta.get("name") or "")
+    ns, name = objects.namespace(obj), objects.name(obj)
     return f"{ns}/{name}" if ns else name
 
 
 def object_uid(obj: Obj) -> str:
     """The object's UID, or ``""``: what tells a recreated object from the one that was deleted."""
-    return str((obj.get("metadata") or {}).get("uid") or "")
+    return objects.uid(obj)
 
 
 def resource_version(obj: Obj) -> str:
     """The object's resourceVersion, or ``""``; opaque: compared for equality only, never ordered."""
-    return str((obj.get("metadata") or {}).get("resourceVersion") or "")
+    return objects.resource_version(obj)
 
 
 @dataclass(frozen=True)

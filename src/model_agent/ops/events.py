@@ -19,6 +19,7 @@ from typing import Any
 
 import structlog
 
+from model_agent.kube import objects
 from model_agent.kube.client import ApiError, ApiUnavailable, KubeClient
 from model_agent.kube.resources import EVENTS
 
@@ -43,13 +44,12 @@ class ObjectRef:
     @classmethod
     def of(cls, obj: dict[str, Any]) -> ObjectRef:
         """The reference of a cached object; a missing field becomes ``""``, so a half-known object gets its Event."""
-        meta = obj.get("metadata") or {}
         return cls(
             kind=str(obj.get("kind") or ""),
             api_version=str(obj.get("apiVersion") or ""),
-            name=str(meta.get("name") or ""),
-            namespace=str(meta.get("namespace") or ""),
-            uid=str(meta.get("uid") or ""),
+            name=objects.name(obj),
+            namespace=objects.namespace(obj),
+            uid=objects.uid(obj),
         )
 
 
