@@ -621,7 +621,10 @@ class Reconciler:
                 # The spec moved on while this copy was fetched (A -> B -> A): neither retire the copy the spec
                 # wants again nor publish over it. The staging left behind is cleaned by the next reconcile.
                 raise SourceError("Obsolete", "the spec no longer wants this source and path; not switching to it")
-            if superseded is not None:
+            # An old copy in the same directory must leave it before the new one is published there; one elsewhere
+            # (a new path) is retired only once the new copy is in place (below), so the weights are always on disk.
+            retire_first = superseded is not None and ctx.layout.resolve(superseded.dest) == str(target.dest)
+            if superseded is not None and retire_first:
                 try:
                     await ctx.remover.replace_superseded(ref, superseded, target.id, from_fetch=True)
                 except Requeue as exc:
@@ -651,6 +654,11 @@ class Reconciler:
             owner=owner_of_model(obj).fingerprint,
         )
         manifest.verified_at = time.time()
+        if superseded is not None and not retire_first:  # the new copy is published: now the old one may go
+            try:
+                await ctx.remover.replace_superseded(ref, superseded, target.id, from_fetch=True)
+            except Requeue as exc:
+                raise SourceError(SWITCH_DEFERRED, f"the old copy cannot be retired yet: {exc.why}") from None
         await asyncio.to_thread(ctx.manifests.save, manifest, target.root)
         await asyncio.to_thread(crashes.finished, ref.key)
         ctx.metrics.downloads_success.labels(*labels).inc()
