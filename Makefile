@@ -6,7 +6,7 @@ VENV    := .venv
 BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 
-.PHONY: setup demo test lint unit e2e bench bench-download clean image
+.PHONY: setup setup-node demo test lint unit e2e bench bench-download clean image
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -16,6 +16,11 @@ $(STAMP): pyproject.toml
 
 setup: $(STAMP)
 	$(BIN)/python -m testbed build --with-helm --with-emulators --with-olah
+
+# The real node's binaries (kubelet, controller manager, scheduler) and the agent image, for the tests
+# only (tests/e2e/test_real_node.py, tests/unit/test_image_contents.py); cached like the control plane.
+setup-node: $(STAMP)
+	$(BIN)/python -m testbed build --with-node
 
 # The agent image from Dockerfile, on a base bootstrapped from the apt mirror (no registry needed);
 # prints the cached OCI archive and its name (import: ctr -n k8s.io images import <archive>).
@@ -37,7 +42,7 @@ lint: $(STAMP)
 unit: $(STAMP)
 	$(BIN)/pytest tests/unit -q
 
-test: setup lint
+test: setup setup-node lint
 	$(BIN)/pytest -q
 
 # The download benchmark against peers (bench/download.py, ~30 min): writes bench/REPORT.md and
