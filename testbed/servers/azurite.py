@@ -99,6 +99,7 @@ class AzuriteServer(LocalProcess):
     error = AzuriteError
     # Its graceful shutdown (SIGTERM or SIGINT) takes 10 s here; blobs are in memory, nothing to flush.
     stop_signal = signal.SIGKILL
+    endpoint_path = f"/{ACCOUNT}"  # path style: the account is the first path segment
 
     def __init__(self, state_dir: Path, *, start_timeout: float = 120.0, stop_timeout: float = 10.0) -> None:
         super().__init__(state_dir, start_timeout=start_timeout, stop_timeout=stop_timeout)
@@ -115,17 +116,9 @@ class AzuriteServer(LocalProcess):
         """The account's container listing: answers once the service accepts requests."""
         return f"http://127.0.0.1:{self.port}/{ACCOUNT}?comp=list"
 
-    def start(self) -> None:
-        """Install Azurite if needed, then start it (see :class:`~testbed.servers.service.LocalProcess`)."""
+    def prepare(self) -> None:
+        """Install Azurite into the cache on first use (CI's setup does it ahead)."""
         ensure_azurite()
-        super().start()
-
-    @property
-    def endpoint(self) -> str:
-        """The account URL a model's ``parameters.endpoint`` names; raises when the server is not running."""
-        if not self.port:
-            raise AzuriteError("azurite is not running: call start() first")
-        return f"http://127.0.0.1:{self.port}/{ACCOUNT}"
 
 
 def create_container(endpoint: str, container: str, *, account_key: str = ACCOUNT_KEY) -> None:

@@ -66,20 +66,12 @@ class FakeGcsServer(LocalProcess):
         """The bucket listing: answers once the server accepts requests."""
         return f"http://127.0.0.1:{self.port}/storage/v1/b"
 
-    def start(self) -> None:
-        """Build fake-gcs-server if needed, then start it."""
+    def prepare(self) -> None:
+        """Build fake-gcs-server into the cache on first use (CI's setup does it ahead)."""
         try:
             build_fake_gcs()
         except cp.ControlPlaneError as exc:
             raise FakeGcsError(str(exc)) from exc
-        super().start()
-
-    @property
-    def endpoint(self) -> str:
-        """The URL a model's ``parameters.endpoint`` names; raises when the server is not running."""
-        if not self.port:
-            raise FakeGcsError("fake-gcs-server is not running: call start() first")
-        return f"http://127.0.0.1:{self.port}"
 
 
 def create_bucket(endpoint: str, bucket: str) -> None:

@@ -27,29 +27,21 @@ Errors meant for a person are :class:`MotoError`, with one line saying what to d
 
 from __future__ import annotations
 
-import contextlib
 import re
-import signal
-import subprocess
 import sys
 import time
-import urllib.error
 import urllib.request
 from collections.abc import Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING
 
-from testbed.ports import free_port
-from testbed.servers.service import ManagedService, stop_process, wait_until_answering
+from testbed.servers.service import LocalProcess
 
 if TYPE_CHECKING:
     from types_boto3_s3.client import S3Client
     from types_boto3_s3.type_defs import CompletedPartTypeDef
 
 MOTO_VERSION = "5.2.5"
-START_TIMEOUT_S = 60.0
-STOP_TIMEOUT_S = 10.0
 DUMMY_KEY_ID = "testing"
 DUMMY_SECRET = "testing"
 DEFAULT_REGION = "us-east-1"
@@ -71,89 +63,34 @@ class MotoRequest:
     status: int
 
 
-class MotoServer(ManagedService):
-    """moto's S3 server on loopback; use ``with MotoServer(dir) as s3:`` and :attr:`endpoint`."""
+class MotoServer(LocalProcess):
+    """moto's S3 server on loopback; use ``with MotoServer(dir) as s3:`` and :attr:`endpoint`.
 
-    def __init__(
-        self, state_dir: Path, *, start_timeout: float = START_TIMEOUT_S, stop_timeout: float = STOP_TIMEOUT_S
-    ) -> None:
-        self.state_dir = Path(state_dir).resolve()
-        self.start_timeout = start_timeout
-        self.stop_timeout = stop_timeout
-        self.port = 0
-        self._proc: subprocess.Popen[bytes] | None = None
+    The process handling (free port, log file, start-up wait and retry, stop) is
+    :class:`~testbed.servers.service.LocalProcess`'s; this class adds moto's command line and its access log.
+    """
 
-    @property
-    def endpoint(self) -> str:
-        """The URL a model's ``parameters.endpoint`` names; raises when the server is not running."""
-        if not self.port:
-            raise MotoError("the moto server is not running: call start() first")
-        return f"http://127.0.0.1:{self.port}"
+    name = "moto"
+    error = MotoError
 
-    @property
-    def log_path(self) -> Path:
-        """moto's output, where its access log (read by :meth:`requests`) and start-up errors go."""
-        return self.state_dir / "moto.log"
+    def argv(self, port: int) -> list[str]:
+        """moto's server mode from this interpreter (where the dev extras installed it), on loopback."""
+        return [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)]
 
-    @property
-    def running(self) -> bool:
-        """Whether the server was started and has not exited."""
-        return self._proc is not None and self._proc.poll() is None
+    def env(self) -> dict[str, str]:
+        """Unbuffered, so a request is in the access log as soon as its response starts; nothing else inherited."""
+        return {"PYTHONUNBUFFERED": "1", "PATH": "/usr/bin:/bin"}
 
-    # -- lifecycle
-    def start(self) -> None:
-        """Start the server; return once it answers HTTP, or raise :class:`MotoError`."""
-        if self._proc is not None:
-            return
+    def ready_url(self) -> str:
+        """moto's own API: answers once the server accepts requests."""
+        return f"http://127.0.0.1:{self.port}/moto-api/"
+
+    def prepare(self) -> None:
+        """Refuse, with the install command, when moto is missing (rather than a start-up crash)."""
         try:
             import moto  # noqa: F401
         except ImportError as exc:
             raise MotoError(f"moto is not installed: pip install 'moto[server]=={MOTO_VERSION}'") from exc
-        self.state_dir.mkdir(parents=True, exist_ok=True)
-        for _ in range(3):  # the free port we picked can be taken before moto binds it
-            self.port = free_port()
-            offset = self.log_path.stat().st_size if self.log_path.exists() else 0
-            with self.log_path.open("ab") as log:
-                self._proc = subprocess.Popen(
-                    [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)],
-                    cwd=self.state_dir,
-                    stdin=subprocess.DEVNULL,
-                    stdout=log,
-                    stderr=subprocess.STDOUT,
-                    env={"PYTHONUNBUFFERED": "1", "PATH": "/usr/bin:/bin"},
-                )
-            try:
-                if self._wait_ready(time.monotonic() + self.start_timeout, offset):
-                    return
-            except BaseException:
-                self.stop()
-                raise
-        self.stop()
-        raise MotoError(f"moto could not bind a free loopback port three times: see {self.log_path}")
-
-    def _wait_ready(self, deadline: float, offset: int) -> bool:
-        assert self._proc is not None
-        url = f"{self.endpoint}/moto-api/"
-        try:
-            code = wait_until_answering(self._proc, url, deadline, poll_s=0.1)
-        except TimeoutError:
-            raise MotoError(
-                f"moto did not answer on {url} within {self.start_timeout:.0f}s: see {self.log_path}"
-            ) from None
-        if code is None:
-            return True
-        self._proc = None
-        output = self._log_since(offset)
-        if "Address already in use" in output or "address already in use" in output:
-            return False
-        last = output.strip().splitlines()[-1] if output.strip() else "no output"
-        raise MotoError(f"moto exited with code {code} during start-up: {last[:300]} (log: {self.log_path})")
-
-    def stop(self) -> None:
-        """SIGTERM, then SIGKILL after ``stop_timeout``. Idempotent."""
-        proc, self._proc = self._proc, None
-        stop_process(proc, signal.SIGTERM, self.stop_timeout)
-        self.port = 0
 
     def reset(self) -> None:
         """Forget every bucket and object (moto's own reset endpoint)."""
@@ -162,15 +99,9 @@ class MotoServer(ManagedService):
             pass
 
     # -- request log
-    def _log_since(self, offset: int) -> str:
-        with contextlib.suppress(FileNotFoundError), self.log_path.open("rb") as log:
-            log.seek(offset)
-            return log.read().decode(errors="replace")
-        return ""
-
     def mark(self) -> int:
         """A position in the access log; pass it to :meth:`requests` to see only what came after."""
-        return self.log_path.stat().st_size if self.log_path.exists() else 0
+        return self.log_size()
 
     def wait_quiet(self, quiet: float = 0.3, timeout: float = 10.0) -> None:
         """Wait until the access log has not grown for ``quiet`` seconds (at most ``timeout``).
@@ -191,7 +122,7 @@ class MotoServer(ManagedService):
     def requests(self, since: int = 0) -> list[MotoRequest]:
         """The requests served since log offset ``since`` (0: since start), parsed from the access log."""
         records = []
-        for line in _ANSI.sub("", self._log_since(since)).splitlines():
+        for line in _ANSI.sub("", self.log_since(since)).splitlines():
             m = _ACCESS.search(line)
             if m is not None:
                 records.append(MotoRequest(m[1], m[2], int(m[3])))

@@ -8,6 +8,7 @@ however the block ends. :class:`LocalProcess` is that shape for a program on a f
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import signal
 import subprocess
 import time
@@ -94,18 +95,40 @@ def stop_process(proc: subprocess.Popen[bytes] | None, sig: int = signal.SIGTERM
             proc.wait(timeout=timeout)
 
 
+def spawn_logged(argv: list[str], *, cwd: Path, log_path: Path, env: dict[str, str] | None = None) -> int:
+    """Start ``argv`` in ``cwd`` with its output appended to ``log_path``; return its pid, not waiting for it.
+
+    It runs in a session of its own, so a Ctrl-C meant for the test does not reach it: stopping it is the
+    owner's job, by pid, from this or another process (the control plane's and the node's ``down``).
+    """
+    with log_path.open("ab") as log:
+        proc = subprocess.Popen(
+            argv,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+            cwd=cwd,
+            env=env,
+        )
+    return proc.pid
+
+
 class LocalProcess(ManagedService):
     """A server program on a free loopback port, output in ``<state_dir>/<name>.log``.
 
-    Subclasses give :meth:`argv` (for a port) and :meth:`ready_url`; ``start`` returns once that URL
-    answers HTTP (any status), tries another port up to three times when the process exits early because
-    its port was taken ("in use" in its output), and raises ``error`` otherwise; ``stop`` sends ``stop_signal``
-    (SIGTERM), then SIGKILL after ``stop_timeout``. Idempotent both ways.
+    Subclasses give :meth:`argv` (for a port) and :meth:`ready_url`, and where needed :meth:`prepare` (install
+    or build the program first) and :meth:`env`; ``start`` returns once that URL answers HTTP (any status),
+    tries another port up to three times when the process exits early because its port was taken ("in use"
+    in its output), and raises ``error`` otherwise; ``stop`` sends ``stop_signal`` (SIGTERM), then SIGKILL
+    after ``stop_timeout``. Idempotent both ways. :attr:`endpoint` is what a test hands its clients.
     """
 
     name = "server"
     error: type[Exception] = RuntimeError
     stop_signal = signal.SIGTERM
+    # What follows ``http://127.0.0.1:<port>`` in :attr:`endpoint` (Azurite: the account).
+    endpoint_path = ""
 
     def __init__(self, state_dir: Path, *, start_timeout: float = 60.0, stop_timeout: float = 10.0) -> None:
         self.state_dir = Path(state_dir).resolve()
@@ -122,10 +145,35 @@ class LocalProcess(ManagedService):
         """A URL that answers HTTP once the server is up (any status counts)."""
         return f"http://127.0.0.1:{self.port}/"
 
+    def prepare(self) -> None:
+        """Make sure the program exists (install or build it into the cache); runs before every start."""
+
+    def env(self) -> dict[str, str] | None:
+        """The program's whole environment; None (the default) passes this process's on."""
+        return None
+
+    @property
+    def endpoint(self) -> str:
+        """The base URL clients are given; raises ``error`` when the server is not running (no port yet)."""
+        if not self.port:
+            raise self.error(f"{self.name} is not running: call start() first")
+        return f"http://127.0.0.1:{self.port}{self.endpoint_path}"
+
     @property
     def log_path(self) -> Path:
         """Where the server's stdout and stderr go; error messages point here."""
         return self.state_dir / f"{self.name}.log"
+
+    def log_size(self) -> int:
+        """The log's length now: an offset for :meth:`log_since`, so a restart reads only its own output."""
+        return self.log_path.stat().st_size if self.log_path.exists() else 0
+
+    def log_since(self, offset: int) -> str:
+        """What the server wrote to its log after byte ``offset`` ("" when there is no log yet)."""
+        with contextlib.suppress(FileNotFoundError), self.log_path.open("rb") as log:
+            log.seek(offset)
+            return log.read().decode(errors="replace")
+        return ""
 
     @property
     def running(self) -> bool:
@@ -136,10 +184,11 @@ class LocalProcess(ManagedService):
         """Start the program on a free port and wait until it answers (see the class); idempotent."""
         if self._proc is not None:
             return
+        self.prepare()
         self.state_dir.mkdir(parents=True, exist_ok=True)
-        for _ in range(3):
+        for _ in range(3):  # the free port picked can be taken by someone else before the program binds it
             self.port = free_port()
-            offset = self.log_path.stat().st_size if self.log_path.exists() else 0
+            offset = self.log_size()
             with self.log_path.open("ab") as log:
                 self._proc = subprocess.Popen(
                     self.argv(self.port),
@@ -147,6 +196,7 @@ class LocalProcess(ManagedService):
                     stdin=subprocess.DEVNULL,
                     stdout=log,
                     stderr=subprocess.STDOUT,
+                    env=self.env(),
                     start_new_session=True,
                 )
             try:
@@ -156,10 +206,13 @@ class LocalProcess(ManagedService):
                 raise self.error(
                     f"{self.name} did not answer within {self.start_timeout:.0f}s: see {self.log_path}"
                 ) from None
+            except BaseException:  # interrupted while waiting: leave no half-started server behind
+                self.stop()
+                raise
             if code is None:
                 return
             self._proc = None
-            output = self.log_path.read_bytes()[offset:].decode(errors="replace").strip()
+            output = self.log_since(offset).strip()
             if "in use" not in output.lower():  # not a lost race for the port: say why it stopped
                 last = output.splitlines()[-1][:300] if output else "no output"
                 raise self.error(f"{self.name} exited with code {code} during start-up: {last} (log: {self.log_path})")
