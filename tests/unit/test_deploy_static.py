@@ -28,7 +28,7 @@ from model_agent.agent.origin_slots import lease_names
 from model_agent.agent.reconciler import _metadata_record
 from model_agent.agent.resolve_cache import ResolveCache
 from model_agent.kube.client import ApiError, KubeClient
-from model_agent.model.metadata import parse_model_dir
+from model_agent.local.metadata_files import parse_model_dir
 from model_agent.ops.metrics import Metrics
 from testbed.servers.controlplane import helm_binary
 

@@ -1,4 +1,5 @@
-"""Unit tests for model_agent.model.metadata: config discovery, loaders, safetensors headers, hostile input.
+"""Unit tests for model_agent.model.metadata and model_agent.local.metadata_files: config discovery, loaders,
+safetensors headers, hostile input.
 
 Model directories are built in tmp_path with the real ``safetensors.numpy.save_file`` and real JSON
 config files; nothing is mocked.
@@ -19,22 +20,25 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from safetensors.numpy import save_file
 
+from model_agent.local import metadata_files
+from model_agent.local.metadata_files import (
+    MAX_SAFETENSORS_HEADER_BYTES,
+    count_directory_parameters,
+    count_safetensors_parameters,
+    find_config_file,
+    parse_model_dir,
+    read_safetensors_header,
+)
 from model_agent.model import metadata
 from model_agent.model.metadata import (
     DECODED_CONFIGURATION_KEYS,
-    MAX_SAFETENSORS_HEADER_BYTES,
     MetadataError,
     bytes_per_parameter,
-    count_directory_parameters,
-    count_safetensors_parameters,
     determine_capabilities,
     estimate_model_size_bytes,
-    find_config_file,
     format_parameter_size,
     load_json_bytes,
-    parse_model_dir,
     quantization_from_method,
-    read_safetensors_header,
 )
 
 LLAMA_CONFIG: dict[str, Any] = {
@@ -638,7 +642,7 @@ def test_walk_is_entry_count_limited(tmp_path: Path, monkeypatch: pytest.MonkeyP
         (tmp_path / f"a{i}").mkdir()
     write_json(tmp_path / "z" / "config.json", {})
     assert find_config_file(tmp_path) == (tmp_path / "z" / "config.json").resolve()
-    monkeypatch.setattr(metadata, "MAX_WALK_ENTRIES", 5)
+    monkeypatch.setattr(metadata_files, "MAX_WALK_ENTRIES", 5)
     assert find_config_file(tmp_path) is None
 
 

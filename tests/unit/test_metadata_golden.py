@@ -21,8 +21,8 @@ import numpy as np
 import pytest
 from safetensors.numpy import save_file
 
+from model_agent.local.metadata_files import parse_model_dir
 from model_agent.model.entry import ModelEntry
-from model_agent.model.metadata import parse_model_dir
 
 _ARTIFACT = '"artifact":{"sha":"","parentPath":null,"childrenPaths":null}'
 

@@ -2,7 +2,7 @@
 
 Role: some steps of processing one model run inside the agent's own process on input a tenant controls — the
 listing of an object store (until the first byte is planned), and the listing and metadata parse of a
-directory after publish or adoption. They are bounded (``sources/listing.py``, ``model/metadata.py``), but a
+directory after publish or adoption. They are bounded (``sources/listing.py``, ``local/metadata_files.py``), but a
 bound that proves too generous, or a bug, can still take the process past its memory limit. The kernel then
 kills the agent with no chance to remember why; failures kept in memory are forgotten; the restarted agent
 reconciles the same model, runs the same step and dies again — on every node the model selects.

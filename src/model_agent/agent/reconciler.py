@@ -58,10 +58,11 @@ from model_agent.local.inventory import delete_discarded, discard
 from model_agent.local.layout import Layout, PathRefused, Root, token_for
 from model_agent.local.listing import list_local_files
 from model_agent.local.manifest import FileRecord, Manifest, ManifestStore
+from model_agent.local.metadata_files import parse_model_dir
 from model_agent.local.trash import Trash
 from model_agent.model.entry import DownloadProgress, ModelConfig, ModelEntry, rfc3339
 from model_agent.model.keys import ModelState
-from model_agent.model.metadata import MetadataError, ParsedMetadata, parse_model_dir
+from model_agent.model.metadata import MetadataError, ParsedMetadata
 from model_agent.model.reasons import Reason
 from model_agent.model.resources import InvalidModel, ModelObject, ModelRef, reserve_artifact, skip_config_parsing
 from model_agent.model.selection import DEFAULT_INSTANCE_TYPE_MAP, instance_shape_alias, node_selected
