@@ -185,6 +185,9 @@ def shared_target(raw_obj: dict[str, Any], layout: Layout, *, cluster_scoped: bo
 
     The parent must be confined like any destination (inside an allowed root, outside the private area).
     """
+    storage = (raw_obj.get("spec") or {}).get("storage") or {}
+    if storage.get("downloadPolicy") != "ReuseIfExists":
+        return None  # the common case, decided without touching the disk
     facts, link = facts_of(raw_obj, cluster_scoped=cluster_scoped)
     plan = plan_sharing(facts)
     if plan.identity is None or link is None:
@@ -201,7 +204,13 @@ def shared_target(raw_obj: dict[str, Any], layout: Layout, *, cluster_scoped: bo
 
 
 def parent_of_spec(raw_obj: dict[str, Any], layout: Layout) -> Path | None:
-    """For the destructive path: the parent a live object's spec shares, if it shares one."""
+    """For the destructive path: the parent a live object's spec shares, if it shares one.
+
+    Asked for every cached model on each removal decision: a model without ``ReuseIfExists`` costs no I/O.
+    """
+    storage = (raw_obj.get("spec") or {}).get("storage") or {}
+    if storage.get("downloadPolicy") != "ReuseIfExists":
+        return None
     cluster_scoped = raw_obj.get("kind") == "ClusterBaseModel"
     target = shared_target(raw_obj, layout, cluster_scoped=cluster_scoped)
     return target.parent if target is not None else None
