@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from testbed import oci
-from testbed.servers.controlplane import cache_root, repo_root
+from testbed.servers.controlplane import _noop, cache_root, repo_root
 
 Echo = Callable[[str], None]
 
@@ -55,10 +55,6 @@ CONTEXT_PATHS = ("pyproject.toml", "README.md", "LICENSE", "src", "deploy/docker
 
 class ImageError(Exception):
     """A failure a person can act on; the message is one line that says what to do."""
-
-
-def _noop(_: str) -> None:
-    pass
 
 
 @dataclass(frozen=True)

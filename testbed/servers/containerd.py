@@ -30,7 +30,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from testbed.servers.controlplane import ControlPlaneError
+from testbed.servers.controlplane import ControlPlaneError, _cmdline
 
 NAMESPACE = "k8s.io"
 CNI_BIN_DIR = Path("/usr/lib/cni")
@@ -109,13 +109,6 @@ def render_cni(base: Path) -> str:
         ],
     }
     return json.dumps(doc, indent=2)
-
-
-def _cmdline(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-    except OSError:
-        return ""
 
 
 def pids_naming(marker: str) -> list[int]:

@@ -27,10 +27,10 @@ import signal
 import socket
 import subprocess
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
@@ -38,6 +38,10 @@ from model_agent.kube.client import ApiError, ApiUnavailable, KubeClient
 from model_agent.kube.resources import CRDS, NAMESPACES, NODES
 from testbed.ports import free_port
 from testbed.servers import pki as _pki
+from testbed.servers.service import spawn_logged
+
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
 
 KUBERNETES_VERSION = "v1.36.3"
 GO_MIN_VERSION = (1, 26)
@@ -116,6 +120,48 @@ def _ldflags(version: str) -> str:
     return " ".join(["-s", "-w", *stamps])
 
 
+def go_build_env() -> dict[str, str]:
+    """A static, reproducible ``go build``: no cgo, the installed toolchain only, the module's pinned deps."""
+    return dict(os.environ, CGO_ENABLED="0", GOTOOLCHAIN="local", GOFLAGS="-mod=readonly")
+
+
+def empty_staging_dir(target: Path) -> Path:
+    """An empty ``<target>.building`` beside ``target``; :func:`publish_build` renames it into place, so the
+    cache holds a whole build or none (a killed build is redone)."""
+    staging = target.with_name(target.name + ".building")
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    return staging
+
+
+def publish_build(staging: Path, target: Path) -> None:
+    """Replace ``target`` with the finished ``staging`` directory."""
+    shutil.rmtree(target, ignore_errors=True)
+    staging.rename(target)
+
+
+def run_go_build(name: str, argv: list[str], *, module: Path, staging: Path) -> None:
+    """Run one ``go build`` (``argv``) of ``name`` in ``module``; raise :class:`ControlPlaneError` with the
+    last line of its output when it fails, the full output in ``<staging>/<name>.build.log``."""
+    try:
+        proc = subprocess.run(
+            argv,
+            cwd=module,
+            env=go_build_env(),
+            capture_output=True,
+            text=True,
+            timeout=BUILD_TIMEOUT_S,
+            check=False,
+        )
+    except subprocess.TimeoutExpired as exc:
+        raise ControlPlaneError(f"building {name} took over {BUILD_TIMEOUT_S}s; retry on an idle machine") from exc
+    if proc.returncode != 0:
+        log = staging / f"{name}.build.log"
+        log.write_text(proc.stdout + proc.stderr)
+        last = (proc.stderr.strip().splitlines() or ["(no output)"])[-1]
+        raise ControlPlaneError(f"go build of {name} failed: {last} (full log: {log})")
+
+
 def build(*, force: bool = False, echo: Echo = _noop) -> Binaries:
     """Build the pinned control plane binaries unless they are cached; return their paths."""
     if not force and (cached := cached_binaries()) is not None:
@@ -126,10 +172,7 @@ def build(*, force: bool = False, echo: Echo = _noop) -> Binaries:
         raise ControlPlaneError(f"{module}/go.mod is missing: run from a model-agent source checkout")
     go = _find_go()
     target = binaries_dir()
-    staging = target.with_name(target.name + ".building")
-    shutil.rmtree(staging, ignore_errors=True)
-    staging.mkdir(parents=True)
-    env = dict(os.environ, CGO_ENABLED="0", GOTOOLCHAIN="local", GOFLAGS="-mod=readonly")
+    staging = empty_staging_dir(target)
     steps: list[tuple[str, list[str]]] = [
         (
             "kube-apiserver",
@@ -152,23 +195,7 @@ def build(*, force: bool = False, echo: Echo = _noop) -> Binaries:
     for name, argv in steps:
         echo(f"building {name} ({KUBERNETES_VERSION}) - a cold build takes several minutes on 2 cores")
         step_started = time.monotonic()
-        try:
-            proc = subprocess.run(
-                argv,
-                cwd=module,
-                env=env,
-                capture_output=True,
-                text=True,
-                timeout=BUILD_TIMEOUT_S,
-                check=False,
-            )
-        except subprocess.TimeoutExpired as exc:
-            raise ControlPlaneError(f"building {name} took over {BUILD_TIMEOUT_S}s; retry on an idle machine") from exc
-        if proc.returncode != 0:
-            log = staging / f"{name}.build.log"
-            log.write_text(proc.stdout + proc.stderr)
-            last = (proc.stderr.strip().splitlines() or ["(no output)"])[-1]
-            raise ControlPlaneError(f"go build of {name} failed: {last} (full log: {log})")
+        run_go_build(name, argv, module=module, staging=staging)
         echo(f"built {name} in {time.monotonic() - step_started:.0f}s")
     elapsed = time.monotonic() - started
     info = {
@@ -177,8 +204,7 @@ def build(*, force: bool = False, echo: Echo = _noop) -> Binaries:
         "sizes": {p.name: p.stat().st_size for p in staging.iterdir() if p.is_file() and not p.suffix},
     }
     (staging / "build-info.json").write_text(json.dumps(info, indent=2))
-    shutil.rmtree(target, ignore_errors=True)
-    staging.rename(target)
+    publish_build(staging, target)
     echo(f"control plane {KUBERNETES_VERSION} built in {elapsed:.0f}s into {target}")
     found = cached_binaries()
     assert found is not None
@@ -256,6 +282,14 @@ def _cmdline(pid: int) -> str:
         return ""
 
 
+def write_state_file(path: Path, state: DataclassInstance) -> None:
+    """Write ``state`` as JSON through a temporary file renamed over ``path``: a ``down`` or ``status`` from
+    another process reads the old record or the new one, never half of one."""
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(asdict(state), indent=2))
+    tmp.replace(path)
+
+
 def _alive_and_ours(pid: int, marker: str) -> bool:
     return pid > 0 and marker in _cmdline(pid)
 
@@ -301,9 +335,7 @@ class ControlPlane:
             return None
 
     def _write_state(self, state: State) -> None:
-        tmp = self.state_file.with_suffix(".tmp")
-        tmp.write_text(json.dumps(asdict(state), indent=2))
-        tmp.replace(self.state_file)
+        write_state_file(self.state_file, state)
 
     def running(self) -> State | None:
         """The recorded state when both processes are alive and ours, else None."""
@@ -392,17 +424,7 @@ class ControlPlane:
     # ---- internals
 
     def _spawn(self, name: str, argv: list[str]) -> int:
-        log = (self.state_dir / f"{name}.log").open("ab")
-        proc = subprocess.Popen(
-            argv,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            start_new_session=True,
-            cwd=self.state_dir,
-        )
-        log.close()
-        return proc.pid
+        return spawn_logged(argv, cwd=self.state_dir, log_path=self.state_dir / f"{name}.log")
 
     def _etcd_argv(self, bins: Binaries, state: State) -> list[str]:
         client = f"http://127.0.0.1:{state.etcd_port}"
@@ -469,30 +491,61 @@ class ControlPlane:
         self.kubeconfig.write_text(yaml.safe_dump(doc, sort_keys=False))
 
     async def _wait_ready_and_bootstrap(self, state: State, nodes: Sequence[str]) -> None:
-        deadline = time.monotonic() + START_TIMEOUT_S
         client = await KubeClient.connect(self.kubeconfig)
+
+        async def readyz() -> str | None:
+            await client.request("GET", "/readyz", timeout=5)
+            return None
+
         try:
-            last_error = "no answer yet"
-            while True:
-                for name, pid in (("etcd", state.etcd_pid), ("kube-apiserver", state.apiserver_pid)):
-                    if not _alive_and_ours(pid, str(self.state_dir)):
-                        raise ControlPlaneError(
-                            f"{name} exited during start-up: see {self.state_dir / (name + '.log')}"
-                        )
-                try:
-                    await client.request("GET", "/readyz", timeout=5)
-                    break
-                except (ApiError, ApiUnavailable) as exc:
-                    last_error = str(exc)
-                if time.monotonic() > deadline:
-                    raise ControlPlaneError(
-                        f"kube-apiserver not ready after {START_TIMEOUT_S:.0f}s ({last_error}): "
-                        f"see {self.state_dir / 'kube-apiserver.log'}"
-                    )
-                await asyncio.sleep(0.25)
+            await poll_until_ready(
+                readyz,
+                pids={"etcd": state.etcd_pid, "kube-apiserver": state.apiserver_pid},
+                state_dir=self.state_dir,
+                timeout_s=START_TIMEOUT_S,
+                interval_s=0.25,
+                not_ready="kube-apiserver not ready",
+                log_of="kube-apiserver",
+            )
             await bootstrap(client, nodes)
         finally:
             await client.close()
+
+
+async def poll_until_ready(
+    probe: Callable[[], Awaitable[str | None]],
+    *,
+    pids: Mapping[str, int],
+    state_dir: Path,
+    timeout_s: float,
+    interval_s: float,
+    not_ready: str,
+    log_of: str,
+    first_reason: str = "no answer yet",
+) -> None:
+    """Wait for components started in the background (the control plane, a node) to be ready.
+
+    Every ``interval_s``: a component of ``pids`` that is gone (no longer a process whose command line names
+    ``state_dir``) fails at once, pointing at its ``<state_dir>/<name>.log`` (waiting longer cannot help);
+    then ``probe()`` asks the API server: None means ready, a string (or an API error) is why not yet.
+    After ``timeout_s`` :class:`ControlPlaneError` says ``not_ready``, the last reason and ``log_of``'s log.
+    """
+    deadline = time.monotonic() + timeout_s
+    last = first_reason
+    while True:
+        for name, pid in pids.items():
+            if not _alive_and_ours(pid, str(state_dir)):
+                raise ControlPlaneError(f"{name} exited during start-up: see {state_dir / (name + '.log')}")
+        try:
+            reason = await probe()
+            if reason is None:
+                return
+            last = reason
+        except (ApiError, ApiUnavailable) as exc:
+            last = str(exc)
+        if time.monotonic() > deadline:
+            raise ControlPlaneError(f"{not_ready} after {timeout_s:.0f}s ({last}): see {state_dir / (log_of + '.log')}")
+        await asyncio.sleep(interval_s)
 
 
 # ------------------------------------------------------------------------------------------- bootstrap

@@ -36,21 +36,27 @@ from typing import Any
 
 import yaml
 
-from model_agent.kube.client import ApiError, ApiUnavailable, KubeClient
+from model_agent.kube.client import KubeClient
 from testbed.ports import free_port
 from testbed.servers import hoststate, nodepki
 from testbed.servers import pki as _pki
 from testbed.servers.containerd import Containerd, kill_all, pids_naming
 from testbed.servers.controlplane import (
-    BUILD_TIMEOUT_S,
     KUBERNETES_VERSION,
     ControlPlane,
     ControlPlaneError,
     _find_go,
     _ldflags,
+    _noop,
     cache_root,
+    empty_staging_dir,
+    poll_until_ready,
+    publish_build,
     repo_root,
+    run_go_build,
+    write_state_file,
 )
+from testbed.servers.service import spawn_logged
 
 Echo = Callable[[str], None]
 NODE_NAME = "testbed-node-1"
@@ -60,10 +66,6 @@ NODE_LABELS = {
     "node.kubernetes.io/instance-type": "BM.GPU.H100.8",
     "nvidia.com/gpu.present": "true",
 }
-
-
-def _noop(_: str) -> None:
-    pass
 
 
 # ----------------------------------------------------------------------------------------------- build
@@ -95,37 +97,17 @@ def build(*, echo: Echo = _noop) -> NodeBinaries:
     module = repo_root() / "tools" / "controlplane"
     go = _find_go()
     target = binaries_dir()
-    staging = target.with_name(target.name + ".building")
-    shutil.rmtree(staging, ignore_errors=True)
-    staging.mkdir(parents=True)
-    env = dict(os.environ, CGO_ENABLED="0", GOTOOLCHAIN="local", GOFLAGS="-mod=readonly")
+    staging = empty_staging_dir(target)
     timings: dict[str, float] = {}
     for name in COMPONENTS:
         echo(f"building {name} ({KUBERNETES_VERSION}); the kubelet takes minutes on 2 cores")
         started = time.monotonic()
         argv = [go, "build", "-p", "1", "-trimpath", "-tags", "grpcnotrace", "-ldflags", _ldflags(KUBERNETES_VERSION)]
-        try:
-            proc = subprocess.run(
-                [*argv, "-o", str(staging / name), f"./{name}"],
-                cwd=module,
-                env=env,
-                capture_output=True,
-                text=True,
-                timeout=BUILD_TIMEOUT_S,
-                check=False,
-            )
-        except subprocess.TimeoutExpired as exc:
-            raise ControlPlaneError(f"building {name} took over {BUILD_TIMEOUT_S}s; retry on an idle machine") from exc
-        if proc.returncode != 0:
-            log = staging / f"{name}.build.log"
-            log.write_text(proc.stdout + proc.stderr)
-            last = (proc.stderr.strip().splitlines() or ["(no output)"])[-1]
-            raise ControlPlaneError(f"go build of {name} failed: {last} (full log: {log})")
+        run_go_build(name, [*argv, "-o", str(staging / name), f"./{name}"], module=module, staging=staging)
         timings[name] = round(time.monotonic() - started, 1)
         echo(f"built {name} in {timings[name]:.0f}s")
     (staging / "build-info.json").write_text(json.dumps({"version": KUBERNETES_VERSION, "seconds": timings}))
-    shutil.rmtree(target, ignore_errors=True)
-    staging.rename(target)
+    publish_build(staging, target)
     found = cached_binaries()
     assert found is not None
     return found
@@ -308,38 +290,15 @@ class Node:
     # ---- internals
 
     def _write_state(self, state: NodeState) -> None:
-        tmp = self.state_file.with_suffix(".tmp")
-        tmp.write_text(json.dumps(asdict(state), indent=2))
-        tmp.replace(self.state_file)
+        write_state_file(self.state_file, state)
 
     def _spawn(self, name: str, argv: list[str]) -> int:
-        log = (self.dir / f"{name}.log").open("ab")
         # The kubelet runs mount, iptables and friends from the sbin directories.
         env = dict(os.environ, PATH="/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin")
-        proc = subprocess.Popen(
-            argv,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            start_new_session=True,
-            cwd=self.dir,
-            env=env,
-        )
-        log.close()
-        return proc.pid
+        return spawn_logged(argv, cwd=self.dir, log_path=self.dir / f"{name}.log", env=env)
 
     def _certs(self) -> dict[str, nodepki.Pair]:
-        pki_dir = self.plane.state_dir / "pki"
-        certs = _pki.Pki(
-            ca_cert=pki_dir / "ca.crt",
-            ca_key=pki_dir / "ca.key",
-            serving_cert=pki_dir / "apiserver.crt",
-            serving_key=pki_dir / "apiserver.key",
-            sa_public=pki_dir / "sa.pub",
-            sa_private=pki_dir / "sa.key",
-            admin_cert=pki_dir / "admin.crt",
-            admin_key=pki_dir / "admin.key",
-        )
+        certs = _pki.Pki.in_directory(self.plane.state_dir / "pki")
         d = self.dir / "pki"
         return {
             "kubelet": nodepki.issue(
@@ -433,29 +392,27 @@ class Node:
 
     async def _wait_ready(self, state: NodeState) -> None:
         client = await KubeClient.connect(self.plane.kubeconfig)
-        deadline = time.monotonic() + READY_TIMEOUT_S
-        last = "not registered yet"
+
+        async def node_ready() -> str | None:
+            node = await client.request("GET", f"/api/v1/nodes/{self.name}")
+            await self._initialize(client, node)
+            conditions = {c["type"]: c for c in (node.get("status") or {}).get("conditions") or []}
+            ready = conditions.get("Ready", {})
+            if ready.get("status") == "True":
+                return None
+            return f"Ready={ready.get('status')} ({ready.get('message', '')})"
+
         try:
-            while True:
-                for name, pid in state.pids.items():
-                    if str(self.dir) not in _cmdline(pid):
-                        raise ControlPlaneError(f"{name} exited during start-up: see {self.dir / (name + '.log')}")
-                try:
-                    node = await client.request("GET", f"/api/v1/nodes/{self.name}")
-                    await self._initialize(client, node)
-                    conditions = {c["type"]: c for c in (node.get("status") or {}).get("conditions") or []}
-                    ready = conditions.get("Ready", {})
-                    if ready.get("status") == "True":
-                        return
-                    last = f"Ready={ready.get('status')} ({ready.get('message', '')})"
-                except (ApiError, ApiUnavailable) as exc:
-                    last = str(exc)
-                if time.monotonic() > deadline:
-                    raise ControlPlaneError(
-                        f"node {self.name} not Ready after {READY_TIMEOUT_S:.0f}s ({last}): "
-                        f"see {self.dir / 'kubelet.log'}"
-                    )
-                await asyncio.sleep(0.5)
+            await poll_until_ready(
+                node_ready,
+                pids=state.pids,
+                state_dir=self.dir,
+                timeout_s=READY_TIMEOUT_S,
+                interval_s=0.5,
+                not_ready=f"node {self.name} not Ready",
+                log_of="kubelet",
+                first_reason="not registered yet",
+            )
         finally:
             await client.close()
 
@@ -479,10 +436,3 @@ def initialization_patches(node: dict[str, Any]) -> tuple[dict[str, Any] | None,
     if any(t.get("key") == UNINITIALIZED_TAINT for t in taints):
         spec_patch = {"spec": {"taints": [t for t in taints if t.get("key") != UNINITIALIZED_TAINT]}}
     return status_patch, spec_patch
-
-
-def _cmdline(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-    except OSError:
-        return ""

@@ -10,7 +10,6 @@ certificate. Keys are ECDSA P-256, written 0600 next to the control plane's PKI.
 
 from __future__ import annotations
 
-import datetime as dt
 import ipaddress
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,7 +19,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from testbed.servers.pki import Pki
+from testbed.servers.pki import Pki, certificate_builder, new_key, write_cert, write_key
 
 
 @dataclass(frozen=True)
@@ -49,23 +48,15 @@ def issue(
 ) -> Pair:
     """Write ``<name>.crt``/``<name>.key`` signed by the control plane's CA; return their paths."""
     ca_cert, ca_key = _load_ca(pki)
-    key = ec.generate_private_key(ec.SECP256R1())
+    key = new_key()
     attrs = [x509.NameAttribute(NameOID.COMMON_NAME, common_name)]
     if organization:
         attrs.insert(0, x509.NameAttribute(NameOID.ORGANIZATION_NAME, organization))
-    now = dt.datetime.now(dt.UTC)
     usages = ([ExtendedKeyUsageOID.CLIENT_AUTH] if client else []) + (
         [ExtendedKeyUsageOID.SERVER_AUTH] if server_names else []
     )
-    builder = (
-        x509.CertificateBuilder()
-        .subject_name(x509.Name(attrs))
-        .issuer_name(ca_cert.subject)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - dt.timedelta(minutes=5))
-        .not_valid_after(now + dt.timedelta(days=30))
-        .add_extension(x509.ExtendedKeyUsage(usages), critical=False)
+    builder = certificate_builder(x509.Name(attrs), ca_cert.subject, key.public_key(), days=30).add_extension(
+        x509.ExtendedKeyUsage(usages), critical=False
     )
     if server_names:
         alt: list[x509.GeneralName] = []
@@ -75,14 +66,10 @@ def issue(
             except ValueError:
                 alt.append(x509.DNSName(n))
         builder = builder.add_extension(x509.SubjectAlternativeName(alt), critical=False)
-    cert = builder.sign(ca_key, hashes.SHA256())
     directory.mkdir(parents=True, exist_ok=True)
     pair = Pair(directory / f"{name}.crt", directory / f"{name}.key")
-    pair.cert.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    pair.key.write_bytes(
-        key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
-    )
-    pair.key.chmod(0o600)
+    write_cert(pair.cert, builder.sign(ca_key, hashes.SHA256()))
+    write_key(pair.key, key)
     return pair
 
 

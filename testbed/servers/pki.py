@@ -30,12 +30,28 @@ class Pki:
     admin_cert: Path
     admin_key: Path
 
+    @classmethod
+    def in_directory(cls, directory: Path) -> Pki:
+        """Where :func:`generate` writes each file in ``directory``; also how the node finds the CA again."""
+        return cls(
+            ca_cert=directory / "ca.crt",
+            ca_key=directory / "ca.key",
+            serving_cert=directory / "apiserver.crt",
+            serving_key=directory / "apiserver.key",
+            sa_public=directory / "sa.pub",
+            sa_private=directory / "sa.key",
+            admin_cert=directory / "admin.crt",
+            admin_key=directory / "admin.key",
+        )
 
-def _key() -> ec.EllipticCurvePrivateKey:
+
+def new_key() -> ec.EllipticCurvePrivateKey:
+    """A fresh ECDSA P-256 key: every key of the test bed's PKI is one."""
     return ec.generate_private_key(ec.SECP256R1())
 
 
-def _write_key(path: Path, key: ec.EllipticCurvePrivateKey) -> None:
+def write_key(path: Path, key: ec.EllipticCurvePrivateKey) -> None:
+    """Write ``key`` as unencrypted PKCS#8 PEM, readable by its owner only (0600)."""
     path.write_bytes(
         key.private_bytes(
             serialization.Encoding.PEM,
@@ -46,11 +62,15 @@ def _write_key(path: Path, key: ec.EllipticCurvePrivateKey) -> None:
     path.chmod(0o600)
 
 
-def _write_cert(path: Path, cert: x509.Certificate) -> None:
+def write_cert(path: Path, cert: x509.Certificate) -> None:
+    """Write ``cert`` as PEM."""
     path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
 
 
-def _builder(subject: x509.Name, issuer: x509.Name, public_key: ec.EllipticCurvePublicKey) -> x509.CertificateBuilder:
+def certificate_builder(
+    subject: x509.Name, issuer: x509.Name, public_key: ec.EllipticCurvePublicKey, *, days: int = 365
+) -> x509.CertificateBuilder:
+    """A certificate for ``public_key`` valid from five minutes ago (clock skew between processes) for ``days``."""
     now = dt.datetime.now(dt.UTC)
     return (
         x509.CertificateBuilder()
@@ -59,17 +79,17 @@ def _builder(subject: x509.Name, issuer: x509.Name, public_key: ec.EllipticCurve
         .public_key(public_key)
         .serial_number(x509.random_serial_number())
         .not_valid_before(now - dt.timedelta(minutes=5))
-        .not_valid_after(now + dt.timedelta(days=365))
+        .not_valid_after(now + dt.timedelta(days=days))
     )
 
 
 def generate(directory: Path) -> Pki:
     """Create (or overwrite) the full set of files in ``directory``."""
     directory.mkdir(parents=True, exist_ok=True)
-    ca_key = _key()
+    ca_key = new_key()
     ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "model-agent-dev-ca")])
     ca = (
-        _builder(ca_name, ca_name, ca_key.public_key())
+        certificate_builder(ca_name, ca_name, ca_key.public_key())
         .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
         .add_extension(
             x509.KeyUsage(
@@ -88,9 +108,9 @@ def generate(directory: Path) -> Pki:
         .sign(ca_key, hashes.SHA256())
     )
 
-    serving_key = _key()
+    serving_key = new_key()
     serving = (
-        _builder(
+        certificate_builder(
             x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "kube-apiserver")]),
             ca_name,
             serving_key.public_key(),
@@ -110,9 +130,9 @@ def generate(directory: Path) -> Pki:
         .sign(ca_key, hashes.SHA256())
     )
 
-    admin_key = _key()
+    admin_key = new_key()
     admin = (
-        _builder(
+        certificate_builder(
             x509.Name(
                 [
                     x509.NameAttribute(NameOID.ORGANIZATION_NAME, "system:masters"),
@@ -126,24 +146,15 @@ def generate(directory: Path) -> Pki:
         .sign(ca_key, hashes.SHA256())
     )
 
-    sa_key = _key()
-    pki = Pki(
-        ca_cert=directory / "ca.crt",
-        ca_key=directory / "ca.key",
-        serving_cert=directory / "apiserver.crt",
-        serving_key=directory / "apiserver.key",
-        sa_public=directory / "sa.pub",
-        sa_private=directory / "sa.key",
-        admin_cert=directory / "admin.crt",
-        admin_key=directory / "admin.key",
-    )
-    _write_cert(pki.ca_cert, ca)
-    _write_key(pki.ca_key, ca_key)
-    _write_cert(pki.serving_cert, serving)
-    _write_key(pki.serving_key, serving_key)
-    _write_cert(pki.admin_cert, admin)
-    _write_key(pki.admin_key, admin_key)
-    _write_key(pki.sa_private, sa_key)
+    sa_key = new_key()
+    pki = Pki.in_directory(directory)
+    write_cert(pki.ca_cert, ca)
+    write_key(pki.ca_key, ca_key)
+    write_cert(pki.serving_cert, serving)
+    write_key(pki.serving_key, serving_key)
+    write_cert(pki.admin_cert, admin)
+    write_key(pki.admin_key, admin_key)
+    write_key(pki.sa_private, sa_key)
     pki.sa_public.write_bytes(
         sa_key.public_key().public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
     )
