@@ -21,7 +21,6 @@ Contract:
 from __future__ import annotations
 
 import dataclasses
-import socket
 import threading
 import time
 from collections.abc import Callable
@@ -30,23 +29,10 @@ import aiohttp
 from aiohttp import web
 from yarl import URL
 
-from testbed.proxies.loop_thread import LoopThread
+from testbed.proxies.hop_by_hop import HOP_BY_HOP_HEADERS
+from testbed.proxies.loop_thread import LoopThread, serve_on_loopback
 
 _CHUNK = 256 * 1024
-_HOP_BY_HOP = frozenset(
-    {
-        "connection",
-        "keep-alive",
-        "proxy-authenticate",
-        "proxy-authorization",
-        "te",
-        "trailer",
-        "trailers",
-        "transfer-encoding",
-        "upgrade",
-        "content-length",
-    }
-)
 
 
 @dataclasses.dataclass
@@ -139,13 +125,7 @@ class CountingProxy(LoopThread):
         app = web.Application(client_max_size=1024**3)
         app.router.add_route("*", "/{tail:.*}", self._handle)
         self._runner = web.AppRunner(app, access_log=None, handle_signals=False)
-        await self._runner.setup()
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        await web.SockSite(self._runner, sock).start()
-        return port
+        return await serve_on_loopback(self._runner)
 
     async def _cleanup(self) -> None:
         if self._runner is not None:
@@ -163,7 +143,7 @@ class CountingProxy(LoopThread):
         with self._lock:
             self._records.append(record)
         assert self._session is not None
-        headers = {k: v for k, v in request.headers.items() if k.lower() not in _HOP_BY_HOP}
+        headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP_BY_HOP_HEADERS}
         body = await request.read()
         path = self._rewrite(request) if self._rewrite is not None else request.raw_path
         url = URL(self.upstream + path, encoded=True)
@@ -176,7 +156,7 @@ class CountingProxy(LoopThread):
                     if name.lower() == "location" and value.startswith(self.upstream):
                         # Host is forwarded, so redirects usually name the proxy already; this is a backstop.
                         value = f"{request.scheme}://{request.host}{value[len(self.upstream) :]}"
-                    if name.lower() not in _HOP_BY_HOP:
+                    if name.lower() not in HOP_BY_HOP_HEADERS:
                         response.headers.add(name, value)
                 if upstream.content_length is not None:
                     response.content_length = upstream.content_length

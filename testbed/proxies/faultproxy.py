@@ -48,7 +48,6 @@ import asyncio
 import dataclasses
 import json
 import re
-import socket
 import ssl
 import threading
 from collections.abc import Callable, Coroutine, Mapping
@@ -61,30 +60,15 @@ from aiohttp import web
 from multidict import CIMultiDict
 from yarl import URL
 
-from testbed.proxies.loop_thread import LoopThread
+from testbed.proxies.hop_by_hop import HOP_BY_HOP_HEADERS
+from testbed.proxies.loop_thread import LoopThread, serve_on_loopback
 from testbed.servers.service import ManagedService
 
 JSON = dict[str, Any]
 T = TypeVar("T")
 
 CALL_TIMEOUT_S = 10.0
-# Headers that describe one hop, or that aiohttp sets itself from the body it sends.
-_HOP_BY_HOP = frozenset(
-    {
-        "connection",
-        "keep-alive",
-        "proxy-authenticate",
-        "proxy-authorization",
-        "proxy-connection",
-        "te",
-        "trailer",
-        "trailers",
-        "transfer-encoding",
-        "upgrade",
-        "content-length",
-    }
-)
-_REQUEST_SKIP = _HOP_BY_HOP | {"host"}
+_REQUEST_SKIP = HOP_BY_HOP_HEADERS | {"host"}
 
 Outcome = Literal["pending", "forwarded", "responded", "dropped", "cut", "client-gone", "upstream-error", "stopped"]
 
@@ -751,13 +735,7 @@ class FaultProxy(LoopThread, ManagedService):
         self._runner = web.AppRunner(
             app, access_log=None, handle_signals=False, handler_cancellation=True, shutdown_timeout=2.0
         )
-        await self._runner.setup()
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        await web.SockSite(self._runner, sock).start()
-        return port
+        return await serve_on_loopback(self._runner)
 
     async def _cleanup(self) -> None:
         self._stopping = True
@@ -845,7 +823,7 @@ class FaultProxy(LoopThread, ManagedService):
                     return await self._strip(upstream, record, action)
                 response = web.StreamResponse(status=upstream.status, reason=upstream.reason)
                 for name, value in upstream.headers.items():
-                    if name.lower() not in _HOP_BY_HOP:
+                    if name.lower() not in HOP_BY_HOP_HEADERS:
                         response.headers.add(name, value)
                 streaming_watch = info.verb == "watch" and upstream.status == 200
                 if upstream.content_length is not None and not streaming_watch:
@@ -906,7 +884,7 @@ class FaultProxy(LoopThread, ManagedService):
         headers = CIMultiDict(
             (k, v)
             for k, v in upstream.headers.items()
-            if k.lower() not in _HOP_BY_HOP and k.lower() != "content-encoding"
+            if k.lower() not in HOP_BY_HOP_HEADERS and k.lower() != "content-encoding"
         )
         response = web.Response(status=upstream.status, reason=upstream.reason, body=raw, headers=headers)
         self._update(record, status=upstream.status, stripped=stripped, outcome="forwarded")

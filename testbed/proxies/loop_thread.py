@@ -12,10 +12,28 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import socket
 import threading
+
+from aiohttp import web
 
 START_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 10.0
+
+
+async def serve_on_loopback(runner: web.AppRunner) -> int:
+    """Set ``runner`` up and serve it on a free ``127.0.0.1`` port; return the port.
+
+    The socket is bound here (port 0) and handed to aiohttp, so the port is known as soon as it is taken
+    and no other process can win it in between (unlike picking a free port first).
+    """
+    await runner.setup()
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", 0))
+    port: int = sock.getsockname()[1]
+    await web.SockSite(runner, sock).start()
+    return port
 
 
 class LoopThread:
