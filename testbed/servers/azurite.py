@@ -29,7 +29,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from testbed.servers import controlplane as cp
-from testbed.servers.service import LocalProcess
+from testbed.servers.service import LocalProcess, send_create_request
 
 AZURITE_VERSION = "3.37.0"
 ACCOUNT = "devstoreaccount1"
@@ -100,6 +100,7 @@ class AzuriteServer(LocalProcess):
     # Its graceful shutdown (SIGTERM or SIGINT) takes 10 s here; blobs are in memory, nothing to flush.
     stop_signal = signal.SIGKILL
     endpoint_path = f"/{ACCOUNT}"  # path style: the account is the first path segment
+    ready_path = f"/{ACCOUNT}?comp=list"  # the account's container listing
 
     def __init__(self, state_dir: Path, *, start_timeout: float = 120.0, stop_timeout: float = 10.0) -> None:
         super().__init__(state_dir, start_timeout=start_timeout, stop_timeout=stop_timeout)
@@ -111,10 +112,6 @@ class AzuriteServer(LocalProcess):
             *("--blobHost", "127.0.0.1", "--blobPort", str(port)),
             *("--inMemoryPersistence", "--skipApiVersionCheck", "--silent"),
         ]
-
-    def ready_url(self) -> str:
-        """The account's container listing: answers once the service accepts requests."""
-        return f"http://127.0.0.1:{self.port}/{ACCOUNT}?comp=list"
 
     def prepare(self) -> None:
         """Install Azurite into the cache on first use (CI's setup does it ahead)."""
@@ -137,12 +134,7 @@ def create_container(endpoint: str, container: str, *, account_key: str = ACCOUN
             "Authorization": f"SharedKey {ACCOUNT}:{base64.b64encode(signature).decode()}",
         },
     )
-    try:
-        with urllib.request.urlopen(req, timeout=30):
-            pass
-    except urllib.error.HTTPError as exc:
-        if exc.code != 409:
-            raise
+    send_create_request(req)
 
 
 def upload_blobs(endpoint: str, container: str, blobs: Mapping[str, bytes]) -> None:

@@ -27,7 +27,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from testbed.servers import controlplane as cp
-from testbed.servers.service import LocalProcess
+from testbed.servers.service import LocalProcess, send_create_request
 
 FAKE_GCS_VERSION = "v1.56.1"
 FAKE_GCS_MODULE = "github.com/fsouza/fake-gcs-server"
@@ -52,6 +52,7 @@ class FakeGcsServer(LocalProcess):
 
     name = "fake-gcs-server"
     error = FakeGcsError
+    ready_path = "/storage/v1/b"  # the bucket listing
 
     def argv(self, port: int) -> list[str]:
         """The server on loopback with an in-memory backend, its public URLs pointing at itself."""
@@ -61,10 +62,6 @@ class FakeGcsServer(LocalProcess):
             *("-public-host", f"127.0.0.1:{port}", "-external-url", f"http://127.0.0.1:{port}"),
             *("-log-level", "warn"),
         ]
-
-    def ready_url(self) -> str:
-        """The bucket listing: answers once the server accepts requests."""
-        return f"http://127.0.0.1:{self.port}/storage/v1/b"
 
     def prepare(self) -> None:
         """Build fake-gcs-server into the cache on first use (CI's setup does it ahead)."""
@@ -80,12 +77,7 @@ def create_bucket(endpoint: str, bucket: str) -> None:
     req = urllib.request.Request(
         f"{endpoint}/storage/v1/b", data=body, method="POST", headers={"Content-Type": "application/json"}
     )
-    try:
-        with urllib.request.urlopen(req, timeout=30):
-            pass
-    except urllib.error.HTTPError as exc:
-        if exc.code != 409:
-            raise
+    send_create_request(req)
 
 
 def upload_objects(endpoint: str, bucket: str, objects: Mapping[str, bytes]) -> dict[str, str]:

@@ -72,6 +72,7 @@ class MotoServer(LocalProcess):
 
     name = "moto"
     error = MotoError
+    ready_path = "/moto-api/"  # moto's own API
 
     def argv(self, port: int) -> list[str]:
         """moto's server mode from this interpreter (where the dev extras installed it), on loopback."""
@@ -80,10 +81,6 @@ class MotoServer(LocalProcess):
     def env(self) -> dict[str, str]:
         """Unbuffered, so a request is in the access log as soon as its response starts; nothing else inherited."""
         return {"PYTHONUNBUFFERED": "1", "PATH": "/usr/bin:/bin"}
-
-    def ready_url(self) -> str:
-        """moto's own API: answers once the server accepts requests."""
-        return f"http://127.0.0.1:{self.port}/moto-api/"
 
     def prepare(self) -> None:
         """Refuse, with the install command, when moto is missing (rather than a start-up crash)."""

@@ -46,6 +46,19 @@ def wait_until_answering(
             continue
 
 
+def send_create_request(request: urllib.request.Request, *, timeout: float = 30.0) -> None:
+    """Send a request that creates a bucket or container; 409 Conflict (it exists) counts as done.
+
+    The emulators' fill helpers are idempotent this way, so a test can set up the same bucket twice.
+    """
+    try:
+        with urllib.request.urlopen(request, timeout=timeout):
+            pass
+    except urllib.error.HTTPError as exc:
+        if exc.code != 409:
+            raise
+
+
 class ManagedService:
     """The start/stop shape of every helper server: blocking ``start``/``stop``, async twins, both ``with`` forms."""
 
@@ -117,7 +130,7 @@ def spawn_logged(argv: list[str], *, cwd: Path, log_path: Path, env: dict[str, s
 class LocalProcess(ManagedService):
     """A server program on a free loopback port, output in ``<state_dir>/<name>.log``.
 
-    Subclasses give :meth:`argv` (for a port) and :meth:`ready_url`, and where needed :meth:`prepare` (install
+    Subclasses give :meth:`argv` (for a port) and ``ready_path``, and where needed :meth:`prepare` (install
     or build the program first) and :meth:`env`; ``start`` returns once that URL answers HTTP (any status),
     tries another port up to three times when the process exits early because its port was taken ("in use"
     in its output), and raises ``error`` otherwise; ``stop`` sends ``stop_signal`` (SIGTERM), then SIGKILL
@@ -127,8 +140,10 @@ class LocalProcess(ManagedService):
     name = "server"
     error: type[Exception] = RuntimeError
     stop_signal = signal.SIGTERM
-    # What follows ``http://127.0.0.1:<port>`` in :attr:`endpoint` (Azurite: the account).
+    # What follows ``http://127.0.0.1:<port>`` in :attr:`endpoint` (Azurite: the account) and in the URL
+    # polled until the server answers (a cheap request it serves once ready).
     endpoint_path = ""
+    ready_path = "/"
 
     def __init__(self, state_dir: Path, *, start_timeout: float = 60.0, stop_timeout: float = 10.0) -> None:
         self.state_dir = Path(state_dir).resolve()
@@ -142,8 +157,8 @@ class LocalProcess(ManagedService):
         raise NotImplementedError
 
     def ready_url(self) -> str:
-        """A URL that answers HTTP once the server is up (any status counts)."""
-        return f"http://127.0.0.1:{self.port}/"
+        """A URL that answers HTTP once the server is up (any status counts): ``ready_path`` on its port."""
+        return f"http://127.0.0.1:{self.port}{self.ready_path}"
 
     def prepare(self) -> None:
         """Make sure the program exists (install or build it into the cache); runs before every start."""
