@@ -401,7 +401,20 @@ async def test_rollout_restart_keeps_every_label_ready_and_downloads_nothing(
             labels = (event.get("object") or {}).get("metadata", {}).get("labels") or {}
             seen.append({k: labels.get(k) for k in keys})
 
+    pods = await admin.request("GET", f"/api/v1/namespaces/{NAMESPACE}/pods", query={"labelSelector": SELECTOR})
+    old_states: list[dict[str, Any]] = []  # the old pod's container states as the kubelet reports them
+
+    async def watch_old_pod() -> None:
+        query = {"watch": "true", "resourceVersion": pods["metadata"]["resourceVersion"], "labelSelector": SELECTOR}
+        async for event in admin.watch_lines(f"/api/v1/namespaces/{NAMESPACE}/pods", query=query, read_timeout=300):
+            pod = event.get("object") or {}
+            if (pod.get("metadata") or {}).get("uid") == old["metadata"]["uid"]:
+                old_states.extend(
+                    s.get("state") or {} for s in (pod.get("status") or {}).get("containerStatuses") or []
+                )
+
     watcher = asyncio.create_task(watch())
+    pod_watcher = asyncio.create_task(watch_old_pod())
     try:
         labels = await kube.node_labels(bed.node.name)
         assert all(labels.get(k) == "Ready" for k in keys), labels
@@ -422,7 +435,12 @@ async def test_rollout_restart_keeps_every_label_ready_and_downloads_nothing(
         print(f"rollout: new pod Ready {time.monotonic() - started:.1f}s after the template patch")
     finally:
         watcher.cancel()
-        await asyncio.gather(watcher, return_exceptions=True)
+        pod_watcher.cancel()
+        await asyncio.gather(watcher, pod_watcher, return_exceptions=True)
+    # The old agent stopped on SIGTERM within the grace period: its container ended by itself, not SIGKILLed (137).
+    ended = [state["terminated"] for state in old_states if "terminated" in state]
+    assert ended, f"the old pod's container was never reported terminated: {old_states[-3:]}"
+    assert all(t.get("exitCode") != 137 for t in ended), f"the old agent was killed at the end of its grace: {ended}"
     left = [s for s in seen if any(v != "Ready" for v in s.values())]
     assert not left, f"a models.ome.io label left Ready during the rollout: {left[:3]}"
     assert seen, "the Node watch saw no event"
