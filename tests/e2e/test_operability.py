@@ -121,15 +121,25 @@ async def test_readyz_is_false_until_the_caches_sync(
         agent.stop()
 
 
-async def test_healthz_fails_when_the_models_root_is_not_writable(make_agent: AgentFactory) -> None:
+async def test_healthz_fails_when_the_records_directory_is_not_writable(make_agent: AgentFactory) -> None:
+    # /healthz asks for write access only where the agent must write: its records (the manifests), not the
+    # models root itself (OME issue #787: a read-only root of pre-provisioned models is healthy).
     agent = await make_agent()
     assert agent.http("/healthz")[0] == 200
     root = agent.models_root
+    records = root / ".model-agent" / "manifests"
+    assert records.is_dir()
     subprocess.run(["chattr", "+i", str(root)], check=True)
     try:
         status, body = agent.http("/healthz?verbose")
-        assert status == 500, body
-        assert "not writable" in body
+        assert status == 200, body  # the root alone unwritable: still healthy
     finally:
         subprocess.run(["chattr", "-i", str(root)], check=True)
+    subprocess.run(["chattr", "+i", str(records)], check=True)
+    try:
+        status, body = agent.http("/healthz?verbose")
+        assert status == 500, body
+        assert "not writable" in body and str(records) in body
+    finally:
+        subprocess.run(["chattr", "-i", str(records)], check=True)
     assert agent.http("/healthz")[0] == 200
