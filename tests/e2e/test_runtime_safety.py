@@ -155,7 +155,7 @@ async def test_reflector_exception_turns_healthz_red_and_recovers(
     log = agent.log_text()
     failed = [json.loads(line) for line in log.splitlines() if '"background task failed"' in line]
     assert failed and failed[0]["component"] == component
-    assert "Traceback" in failed[0]["exception"] and "AttributeError" in failed[0]["exception"]
+    assert "Traceback" in failed[0]["exception"] and "MalformedEvent" in failed[0]["exception"]
     assert agent.metric("model_agent_background_task_failures_total", component=component) == 1
 
     async def relisting() -> bool:
