@@ -161,6 +161,8 @@ def _store_key(ref: ModelRef) -> str:
 class Reconciler:
     def __init__(self, ctx: Context) -> None:
         self.ctx = ctx
+        # Made on first use (_fail): its counter registers in the agent's metrics registry.
+        self._failed_quota: FailedQuota | None = None
         self._progress_written: dict[str, float] = {}
         self._enriched: set[str] = set()
         self._enrich_slots = asyncio.Semaphore(4)
@@ -855,10 +857,9 @@ class Reconciler:
 
     async def _fail(self, ref: ModelRef, raw: dict[str, Any], reason: str, message: str) -> None:
         ctx = self.ctx
-        quota: FailedQuota | None = self.__dict__.get("_failed_quota")
-        if quota is None:  # made on first use; its counter lives in the agent's registry
-            quota = FailedQuota(ctx.max_failed_per_namespace, ctx.metrics.registry)
-            self.__dict__["_failed_quota"] = quota
+        if self._failed_quota is None:
+            self._failed_quota = FailedQuota(ctx.max_failed_per_namespace, ctx.metrics.registry)
+        quota = self._failed_quota
         room = quota.decide(ref, ctx.labels.labels().get(ref.label_key), ctx.configmap.data())
         if not room.admitted:  # the namespace's failing models fill their share of this node: no label, no entry
             await asyncio.gather(ctx.labels.ensure(ref.label_key, None), ctx.configmap.ensure(ref.configmap_key, None))

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import os
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from model_agent.agent.breaker import Breaker
 from model_agent.agent.confirm import Confirmer
@@ -143,18 +143,23 @@ class Wiring:
             debounce_s=settings.confirm_debounce_s,
             jitter_s=min(1.0, settings.confirm_debounce_s),
         )
+        # What the remover and the reconciler both act on: this node's API client, disk, label and entry
+        # writers, downloads, Events and metrics.
+        node_state: dict[str, Any] = {
+            "client": client,
+            "node_name": node,
+            "layout": self.layout,
+            "manifests": self.manifests,
+            "trash": self.trash,
+            "labels": self.labels,
+            "configmap": self.node_configmap,
+            "fetcher": self.fetcher,
+            "events": self.events,
+            "metrics": self.metrics,
+        }
         self.remover = Remover(
             RemovalContext(
-                client=client,
-                node_name=node,
-                layout=self.layout,
-                manifests=self.manifests,
-                trash=self.trash,
-                labels=self.labels,
-                configmap=self.node_configmap,
-                fetcher=self.fetcher,
-                events=self.events,
-                metrics=self.metrics,
+                **node_state,
                 breaker=self.breaker,
                 cached_models=handlers.cached_models,
                 confirm_deadline_s=settings.confirm_timeout_s,
@@ -163,34 +168,26 @@ class Wiring:
                 shared_roots=self.shared_roots,
             )
         )
-        s3 = S3Source(ranged=settings.ranged_config())
-        cloud = CloudSource(ranged=settings.ranged_config())  # gs:// and az:// (one instance: stores are cached)
+        ranged = settings.ranged_config()
+        s3 = S3Source(ranged=ranged)
+        cloud = CloudSource(ranged=ranged)  # gs:// and az:// (one instance: stores are cached)
         self.reconciler = Reconciler(
             Context(
-                client=client,
-                node_name=node,
+                **node_state,
                 namespace=settings.namespace,
-                layout=self.layout,
-                manifests=self.manifests,
-                trash=self.trash,
-                labels=self.labels,
-                configmap=self.node_configmap,
-                fetcher=self.fetcher,
-                events=self.events,
-                metrics=self.metrics,
                 remover=self.remover,
                 hf=HuggingFaceSource(
                     settings.hf_endpoint,
                     resolve_cache=self.resolve_cache,
                     user_agent=f"model-agent/{node}",
-                    ranged=settings.ranged_config(),
+                    ranged=ranged,
                 ),
                 models_store={kind: r.store for kind, r in self.models.items()},
                 requeue_after=handlers.requeue_after,
                 busy=lambda: self.queue.depth + self.queue.processing_count > 0,
                 sources={
                     StorageType.S3: s3,
-                    StorageType.OCI: OciSource(ranged=settings.ranged_config(), s3=s3),
+                    StorageType.OCI: OciSource(ranged=ranged, s3=s3),
                     StorageType.GCS: cloud,
                     StorageType.AZURE: cloud,
                 },
