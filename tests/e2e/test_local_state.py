@@ -8,6 +8,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -294,12 +295,12 @@ async def test_a_new_source_is_switched_in_and_the_old_copy_goes_to_the_trash(
     new_files = tiny_llama(62)
     new_repo = f"acme/{name}-v2"
     await asyncio.to_thread(create_model_repo, mirrors_root, new_repo, new_files)
-    live = await kube.get_model(CBM, name)
-    live["spec"]["storage"]["storageUri"] = f"hf://{new_repo}"
-    from model_agent.kube.resources import CLUSTERBASEMODELS
+
+    def switch_source(live: dict[str, Any]) -> None:
+        live["spec"]["storage"]["storageUri"] = f"hf://{new_repo}"
 
     async with LabelHistory(kube, agent.node, node_label_key(CBM, "", name)) as history:
-        await kube.c.request("PUT", CLUSTERBASEMODELS.path(name=name), body=live)
+        await kube.update_model(CBM, name, switch_source)
 
         async def switched() -> bool:
             data = (dest / "model.safetensors").read_bytes() if (dest / "model.safetensors").exists() else b""

@@ -23,7 +23,6 @@ from typing import Any
 
 import pytest
 
-from model_agent.kube.resources import CLUSTERBASEMODELS
 from model_agent.model.keys import configmap_key, node_label_key
 from testbed.agent_process import AgentProcess
 from testbed.models import tiny_llama
@@ -63,15 +62,17 @@ async def wait_failed(kube: Kube, agent: AgentProcess, name: str, reason: str, t
 
 
 async def set_storage(kube: Kube, name: str, uri: str, path: str | None) -> None:
-    """Replace the model's storage URI and path (a fresh read, so the update is never a stale write)."""
-    live = await kube.get_model(CBM, name)
-    storage = live["spec"]["storage"]
-    storage["storageUri"] = uri
-    if path is None:
-        storage.pop("path", None)
-    else:
-        storage["path"] = path
-    await kube.c.request("PUT", CLUSTERBASEMODELS.path(name=name), body=live)
+    """Replace the model's storage URI and path (a fresh read, retried on a conflict, never a stale write)."""
+
+    def change(live: dict[str, Any]) -> None:
+        storage = live["spec"]["storage"]
+        storage["storageUri"] = uri
+        if path is None:
+            storage.pop("path", None)
+        else:
+            storage["path"] = path
+
+    await kube.update_model(CBM, name, change)
 
 
 def tree(directory: Path) -> dict[str, bytes]:

@@ -20,7 +20,6 @@ from typing import Any
 
 import pytest
 
-from model_agent.kube.resources import CLUSTERBASEMODELS
 from model_agent.model.keys import configmap_key, node_label_key
 from testbed.models import tiny_llama
 from testbed.servers.olah import add_commit, create_model_repo
@@ -45,9 +44,7 @@ async def ready(kube: Kube, node: str, name: str) -> bool:
 
 
 async def update(kube: Kube, name: str, change: Any) -> None:
-    live = await kube.get_model(CBM, name)
-    change(live)
-    await kube.c.request("PUT", CLUSTERBASEMODELS.path(name=name), body=live)
+    await kube.update_model(CBM, name, change)
 
 
 def weights(d: Path) -> bytes:

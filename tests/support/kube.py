@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Callable
 from typing import Any
 
 from model_agent.kube.client import ApiError, KubeClient
@@ -61,6 +62,25 @@ class Kube:
     async def get_model(self, kind: str, name: str, namespace: str | None = None) -> dict[str, Any]:
         res = CLUSTERBASEMODELS if kind == "ClusterBaseModel" else BASEMODELS
         return await self.c.request("GET", res.path(namespace, name))
+
+    async def update_model(
+        self, kind: str, name: str, change: Callable[[dict[str, Any]], None], namespace: str | None = None
+    ) -> dict[str, Any]:
+        """Read the live object, apply ``change`` to it and PUT it back, again on a conflict.
+
+        The agent writes the model too (finalizers), so a read-modify-write can lose the race; like
+        client-go's RetryOnConflict this re-reads and re-applies the change instead of failing the test.
+        """
+        res = CLUSTERBASEMODELS if kind == "ClusterBaseModel" else BASEMODELS
+        for _attempt in range(10):
+            live = await self.get_model(kind, name, namespace)
+            change(live)
+            try:
+                return await self.c.request("PUT", res.path(namespace, name), body=live)
+            except ApiError as exc:
+                if exc.status != 409:
+                    raise
+        raise AssertionError(f"{kind} {name}: still conflicting after 10 read-modify-write attempts")
 
     async def delete_model(self, kind: str, name: str, namespace: str | None = None) -> None:
         res = CLUSTERBASEMODELS if kind == "ClusterBaseModel" else BASEMODELS
