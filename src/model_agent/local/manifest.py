@@ -13,8 +13,12 @@ Contract: writes are atomic (temp file, fsync, rename, fsync of the directory); 
 absent-with-a-problem, never as an exception out of :meth:`ManifestStore.load`. Fields a manifest lacks take
 their defaults (older manifests load); fields this version does not know are ignored (newer ones load). A
 fast check compares size and mtime of every recorded file with the disk (no hashing); full verification
-re-hashes. :meth:`ManifestStore.count` is cheap (no file is read): the delete breaker asks it on every
-decision.
+re-hashes. :meth:`ManifestStore.count` is cheap (no file is read: one ``stat`` of each manifests
+directory, and a listing of its names only when that directory changed) and current: the delete breaker
+takes it as the denominator of every decision, and on a shared root without ``--state-dir`` the manifests
+directory is written by every node's agent. A count cached from this process's own saves and deletes alone
+would miss the peers' deletes and stay too high, and a breaker dividing by too many models opens too late
+(a storm that removes most of the remaining models reads as a small share of a count that no longer exists).
 """
 
 from __future__ import annotations
@@ -35,6 +39,9 @@ from typing import Any
 from model_agent.local.layout import Layout, Root, token_for
 
 MANIFEST_VERSION = 1
+# A directory listing taken this long after the directory's mtime cannot have missed a change that kept that
+# mtime (coarse timestamps tick in at most a second; the margin also covers a small clock skew to a file server).
+_SETTLED_NS = 2_000_000_000
 
 
 @dataclass(frozen=True)
@@ -150,9 +157,10 @@ class ManifestStore:
     def __init__(self, layout: Layout) -> None:
         self.layout = layout
         self.problems: dict[str, str] = {}  # file -> why it could not be read
-        # The manifest file names on disk, read once (names only) and then kept by save and delete: the only
-        # writers of manifests are this process's. Guarded: save and delete run in worker threads.
-        self._names: set[str] | None = None
+        # Per manifests directory: (its mtime when listed, the manifest names then). Valid while the directory's
+        # mtime is unchanged: any create, rename or unlink in it — by this process or by another node's agent
+        # on a shared root — changes it. Guarded: count may be asked from worker threads too.
+        self._listings: dict[Path, tuple[int, frozenset[str]]] = {}
         self._names_lock = threading.Lock()
 
     def _file(self, root: Root, key: str) -> Path:
@@ -183,11 +191,7 @@ class ManifestStore:
                     self._file(other, manifest.key).unlink()
         if not manifest.published_at:
             manifest.published_at = time.time()
-        path = self._file(root, manifest.key)
-        write_atomic(path, manifest.to_json().encode())
-        with self._names_lock:
-            if self._names is not None:
-                self._names.add(path.name)
+        write_atomic(self._file(root, manifest.key), manifest.to_json().encode())
 
     def delete(self, key: str) -> None:
         """Forget ``key`` in every root, durably; deleting what is not there is harmless."""
@@ -196,21 +200,39 @@ class ManifestStore:
             with contextlib.suppress(FileNotFoundError):
                 path.unlink()
                 fsync_dir(path.parent)
-        with self._names_lock:
-            if self._names is not None:
-                self._names.discard(f"{token_for(key)}.json")
 
     def count(self) -> int:
-        """How many models have a manifest on this node (unreadable ones included), without reading any."""
+        """How many models have a manifest now (unreadable ones included), without reading any.
+
+        Current whoever wrote the directory (see the module contract): a listing is reused only while its
+        directory's mtime is unchanged and was taken clearly after that mtime, since on a filesystem with
+        coarse timestamps a change within the same tick as the listing keeps the mtime it had.
+        """
+        names: set[str] = set()
         with self._names_lock:
-            if self._names is None:
-                self._names = {
-                    path.name
-                    for root in self.layout.roots
-                    if root.manifests.is_dir()
-                    for path in root.manifests.glob("*.json")
-                }
-            return len(self._names)
+            for root in self.layout.roots:
+                names |= self._listing(root.manifests)
+        return len(names)
+
+    def _listing(self, directory: Path) -> frozenset[str]:
+        try:
+            mtime = directory.stat().st_mtime_ns
+        except OSError:
+            self._listings.pop(directory, None)
+            return frozenset()
+        cached = self._listings.get(directory)
+        if cached is not None and cached[0] == mtime:
+            return cached[1]
+        listed_at = time.time_ns()
+        try:
+            names = frozenset(e.name for e in os.scandir(directory) if e.name.endswith(".json") and e.is_file())
+        except OSError:
+            return frozenset()
+        if listed_at - mtime > _SETTLED_NS:
+            self._listings[directory] = (mtime, names)
+        else:  # changed within the racy window: list again next time rather than trust this mtime
+            self._listings.pop(directory, None)
+        return names
 
     def all(self) -> Iterator[Manifest]:
         """Every readable manifest of every root; unreadable ones are skipped and listed in ``problems``."""
