@@ -8,6 +8,7 @@ deadline.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any
@@ -22,12 +23,17 @@ from model_agent.agent.shared_root import (
     FetchTurn,
     RemovalPlan,
     SharedRoots,
+    VerifyTurn,
     check_publication,
     confirmed_gone,
     fetch_turn,
+    files_digest,
+    fresh_verification,
     publication_bytes,
     purge_allowed,
     removal_plan,
+    verification_bytes,
+    verify_turn,
 )
 from model_agent.kube.client import ApiError
 from model_agent.local.layout import Layout
@@ -88,6 +94,42 @@ def test_removal_plan(
 )
 def test_purge_has_one_owner_on_a_shared_root(shared: bool, holds: bool, allowed: bool) -> None:
     assert purge_allowed(shared, holds) is allowed
+
+
+@pytest.mark.parametrize(
+    ("shared", "recent", "holds", "turn"),
+    [
+        (False, True, False, VerifyTurn.ALONE),  # a private root re-hashes every pass, whatever a record says
+        (False, False, True, VerifyTurn.ALONE),
+        (True, True, False, VerifyTurn.SKIP),  # a peer verified these files this round
+        (True, True, True, VerifyTurn.SKIP),  # it finished between the first look and the Lease
+        (True, False, True, VerifyTurn.VERIFY),
+        (True, False, False, VerifyTurn.BUSY),  # a peer holds the Lease: it is hashing them now
+    ],
+)
+def test_verify_turn(shared: bool, recent: bool, holds: bool, turn: VerifyTurn) -> None:
+    assert verify_turn(shared, recent, holds) == turn
+
+
+INTERVAL = 100.0
+
+
+@pytest.mark.parametrize(
+    ("record", "now", "fresh"),
+    [
+        (verification_bytes("d", "n2", 1000.0, []), 1000.0 + 0.79 * INTERVAL, True),
+        (verification_bytes("d", "n2", 1000.0, []), 1000.0 + 0.8 * INTERVAL, False),  # due again this round
+        (verification_bytes("d", "n2", 1000.0, ["w.bin"]), 1001.0, False),  # a failure is never skipped
+        (verification_bytes("other", "n2", 1000.0, []), 1001.0, False),  # another file list (a refetch since)
+        (verification_bytes("d", "n2", 1000.0, []), 994.0, False),  # dated ahead of this clock by more than 5 s
+        (verification_bytes("d", "n2", 1000.0, []), 996.0, True),  # a little clock skew is tolerated
+        (None, 1000.0, False),
+        (b"{", 1000.0, False),
+        (b'{"files": "d", "result": "success"}', 1000.0, False),
+    ],
+)
+def test_fresh_verification(record: bytes | None, now: float, fresh: bool) -> None:
+    assert fresh_verification(record, "d", now, INTERVAL) is fresh
 
 
 def _live(uri: str, path: str) -> dict[str, Any]:
@@ -338,3 +380,49 @@ async def test_purge_runs_on_one_node_of_a_shared_root(tmp_path: Path) -> None:
     leave.set()
     assert await asyncio.wait_for(first, DEADLINE_S) == ["a"]
     assert await asyncio.wait_for(b.as_purge_owner(quick_purge), DEADLINE_S) == ["b"]
+
+
+async def test_a_shared_root_re_hashes_a_model_on_one_node_per_interval(tmp_path: Path) -> None:
+    api = LeaseApi()
+    (a, manifests), (b, _), (c, _) = node(api, tmp_path, "a"), node(api, tmp_path, "b"), node(api, tmp_path, "c")
+    manifest = _published(tmp_path / "m")
+    async with a.verify_turn(manifest, INTERVAL) as turn:
+        assert turn == VerifyTurn.VERIFY
+        async with b.verify_turn(manifest, INTERVAL) as other:
+            assert other == VerifyTurn.BUSY  # a is hashing it now
+        await asyncio.to_thread(a.record_verification, manifest, [])
+    records = list((tmp_path / ".model-agent" / "shared" / "verified").glob("*.json"))
+    assert len(records) == 1 and json.loads(records[0].read_text())["node"] == "a"
+    for peer in (b, c):
+        async with peer.verify_turn(manifest, INTERVAL) as turn:
+            assert turn == VerifyTurn.SKIP  # verified this round: no second hash, no Lease asked
+    leases_before = len(api.puts)
+    async with c.verify_turn(manifest, INTERVAL) as turn:
+        assert turn == VerifyTurn.SKIP
+    assert len(api.puts) == leases_before
+    # The next round: the record is older than the round, one node (whichever comes first) hashes again.
+    await asyncio.to_thread(a.record_verification, manifest, [], 0.0)
+    async with b.verify_turn(manifest, INTERVAL) as turn:
+        assert turn == VerifyTurn.VERIFY
+        await asyncio.to_thread(b.record_verification, manifest, ["w.bin"])
+    async with c.verify_turn(manifest, INTERVAL) as turn:
+        assert turn == VerifyTurn.VERIFY  # b found damage: never a reason to skip
+    refetched = _published(tmp_path / "m")
+    refetched.files = [dataclasses.replace(f, mtime_ns=f.mtime_ns + 1) for f in refetched.files]
+    assert files_digest(refetched) != files_digest(manifest)
+    await asyncio.to_thread(c.record_verification, manifest, [])
+    async with a.verify_turn(refetched, INTERVAL) as turn:
+        assert turn == VerifyTurn.VERIFY  # the files changed since the record: it does not cover them
+    assert manifests.load(KEY) is None  # the turn never writes manifests
+
+
+async def test_a_private_root_verifies_without_a_lease_or_a_record(tmp_path: Path) -> None:
+    api = LeaseApi()
+    alone, _ = node(api, tmp_path, "n1")
+    manifest = _published(tmp_path / "m")
+    for _ in range(2):
+        async with alone.verify_turn(manifest, INTERVAL) as turn:
+            assert turn == VerifyTurn.ALONE
+        await asyncio.to_thread(alone.record_verification, manifest, [])
+    assert api.leases == {}
+    assert not (tmp_path / ".model-agent" / "shared" / "verified").exists()

@@ -9,7 +9,9 @@ Role: work that is not one model's reconcile but keeps the node's disk honest:
   request meanwhile runs one more after it.
 * **verify** (every ``--verify-interval``, and on ``POST /verify``): re-hash the files of owned models at
   most ``--verify-rate``; damaged files are marked in the manifest, an Event says which, and the model is
-  enqueued to fetch them again. A clean pass records ``verifiedAt``.
+  enqueued to fetch them again. A clean pass records ``verifiedAt``. On a shared root the scheduled pass
+  re-hashes each model on one node per interval (:meth:`SharedRoots.verify_turn`): the others skip it
+  (``model_agent_verifications_skipped``); ``model_agent_verified_files`` counts the files re-hashed.
 * **purge** (periodic): delete trash older than ``--trash-grace`` in a thread. The breaker is asked before
   each entry: a breaker that opens while a purge runs stops it, since a held mass removal must stay
   recoverable.
@@ -27,9 +29,11 @@ from pathlib import Path
 
 import structlog
 
+from model_agent.agent.shared_root import VerifyTurn
 from model_agent.agent.wiring import Wiring
 from model_agent.local.inventory import delete_discarded, discard, stale_staging, unmanaged_directories
 from model_agent.local.layout import token_for
+from model_agent.local.manifest import Manifest
 from model_agent.local.verify import mark_damaged, verify_manifest
 from model_agent.model.resources import ModelRef
 from model_agent.ops.events import WARNING, ObjectRef
@@ -87,8 +91,13 @@ class Maintenance:
 
     # ------------------------------------------------------------------------------------- verify
 
-    async def verify(self, keys: list[str] | None = None) -> dict[str, list[str]]:
-        """Re-hash the files of the given models (all when None); damaged ones are refetched. Path -> damage."""
+    async def verify(self, keys: list[str] | None = None, *, scheduled: bool = False) -> dict[str, list[str]]:
+        """Re-hash the files of the given models (all when None); damaged ones are refetched. Path -> damage.
+
+        ``scheduled`` (the periodic pass): on a shared root a model is re-hashed by one node per interval
+        (:meth:`SharedRoots.verify_turn`); a model skipped here is absent from the report. An operator's
+        ``POST /verify`` re-hashes everything it names, whoever verified it last.
+        """
         w = self.w
         report: dict[str, list[str]] = {}
         for manifest in list(w.manifests.all()):
@@ -96,42 +105,58 @@ class Maintenance:
                 continue
             if not manifest.owned or not manifest.files:
                 continue
-            started = time.monotonic()
-            damaged = await asyncio.to_thread(
-                verify_manifest, manifest, rate_bytes_s=w.settings.verify_rate_bytes_s or None
-            )
-            w.metrics.verification_duration.observe(time.monotonic() - started)
-            ref = ModelRef.from_key(manifest.key)
-            result = "failure" if damaged else "success"
-            w.metrics.verifications.labels(ref.kind.value, ref.namespace, ref.name, result).inc()
-            report[manifest.key] = damaged
-            if damaged:
-                current = w.manifests.load(manifest.key)
-                if current is not None and current.storage_uri == manifest.storage_uri:
-                    root = w.layout.record_root(Path(current.dest))
-                    await asyncio.to_thread(w.manifests.save, mark_damaged(current, damaged), root)
-                w.metrics.drift_repairs.labels("corrupt").inc()
-                obj = w.models[ref.kind.value].store.get(f"{ref.namespace}/{ref.name}" if ref.namespace else ref.name)
-                if obj is not None:
-                    w.events.emit(
-                        ObjectRef.of(obj),
-                        WARNING,
-                        "Corrupted",
-                        f"{len(damaged)} file(s) failed verification on node {w.settings.node_name}: "
-                        f"{', '.join(damaged[:5])}; fetching them again",
-                    )
-                log.warning("verification failed", key=manifest.key, damaged=damaged[:20])
-                w.queue.add(manifest.key)
-            else:
-                current = w.manifests.load(manifest.key)
-                if current is not None and current.files == manifest.files:
-                    current.verified_at = time.time()
-                    await asyncio.to_thread(w.manifests.save, current, w.layout.record_root(Path(current.dest)))
+            if not scheduled:
+                report[manifest.key] = await self._verify_one(manifest)
+                continue
+            async with w.shared_roots.verify_turn(manifest, w.settings.verify_interval_s) as turn:
+                if turn in (VerifyTurn.SKIP, VerifyTurn.BUSY):
+                    w.metrics.verifications_skipped.labels(turn.value).inc()
+                    log.debug("verification left to a peer", key=manifest.key, turn=turn.value)
+                    continue
+                damaged = report[manifest.key] = await self._verify_one(manifest)
+                if turn == VerifyTurn.VERIFY:  # under the verify Lease: the record is this round's
+                    await asyncio.to_thread(w.shared_roots.record_verification, manifest, damaged)
         return report
+
+    async def _verify_one(self, manifest: Manifest) -> list[str]:
+        """Re-hash one model's files and act on what is found (the same on private and shared roots)."""
+        w = self.w
+        started = time.monotonic()
+        damaged = await asyncio.to_thread(
+            verify_manifest, manifest, rate_bytes_s=w.settings.verify_rate_bytes_s or None
+        )
+        w.metrics.verification_duration.observe(time.monotonic() - started)
+        w.metrics.verified_files.inc(len(manifest.files))
+        ref = ModelRef.from_key(manifest.key)
+        result = "failure" if damaged else "success"
+        w.metrics.verifications.labels(ref.kind.value, ref.namespace, ref.name, result).inc()
+        if damaged:
+            current = w.manifests.load(manifest.key)
+            if current is not None and current.storage_uri == manifest.storage_uri:
+                root = w.layout.record_root(Path(current.dest))
+                await asyncio.to_thread(w.manifests.save, mark_damaged(current, damaged), root)
+            w.metrics.drift_repairs.labels("corrupt").inc()
+            obj = w.models[ref.kind.value].store.get(f"{ref.namespace}/{ref.name}" if ref.namespace else ref.name)
+            if obj is not None:
+                w.events.emit(
+                    ObjectRef.of(obj),
+                    WARNING,
+                    "Corrupted",
+                    f"{len(damaged)} file(s) failed verification on node {w.settings.node_name}: "
+                    f"{', '.join(damaged[:5])}; fetching them again",
+                )
+            log.warning("verification failed", key=manifest.key, damaged=damaged[:20])
+            w.queue.add(manifest.key)
+        else:
+            current = w.manifests.load(manifest.key)
+            if current is not None and current.files == manifest.files:
+                current.verified_at = time.time()
+                await asyncio.to_thread(w.manifests.save, current, w.layout.record_root(Path(current.dest)))
+        return damaged
 
     async def verify_pass(self) -> None:
         """The scheduled re-hash of every model (in the supervised periodic task: a failure is logged)."""
-        await self.verify()
+        await self.verify(scheduled=True)
 
     # -------------------------------------------------------------------------------------- purge
 

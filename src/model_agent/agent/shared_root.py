@@ -20,7 +20,16 @@ root this module decides, and one actor per decision carries it out:
   destructive path, :mod:`model_agent.agent.removal`, still confirms, asks the breaker and acts in order),
   and only by the node that holds the model's trash Lease: once, by one node; another node meanwhile
   requeues and finds nothing left to move;
-* **who purges** (:meth:`SharedRoots.as_purge_owner`): the holder of the root's purge Lease, one at a time.
+* **who purges** (:meth:`SharedRoots.as_purge_owner`): the holder of the root's purge Lease, one at a time;
+* **who re-hashes** (:meth:`SharedRoots.verify_turn`, :func:`verify_turn`): the scheduled ``verify`` pass
+  re-hashes a model on a shared root on one node per interval. A node that re-hashed a model leaves a
+  *verification record* (``<root>/.model-agent/shared/verified/<token>.json``: node, time, result, damaged
+  files, a digest of the manifest's file list); another node's pass skips a model whose record says its files
+  (the same list) verified clean within the interval, and skips one whose verify Lease another node holds
+  (it is hashing it now). Who goes first is spread by the passes' own jitter (every node's period is
+  jittered by ±10 %); the Lease makes it one node even when two passes coincide. A failure is never a reason
+  to skip: the node that found it acts as on a private root (marks the files, an Event, a refetch), and a
+  repaired file changes the file list, so the next pass re-hashes it. ``POST /verify`` is never spread.
 
 Contract: every method answers "not shared" quickly for a private root (no API call, one directory listing
 at most every :data:`VERDICT_TTL_S`); a root once seen shared stays shared for the life of the process.
@@ -50,7 +59,7 @@ from model_agent.agent.origin_slots import OriginSlots
 from model_agent.agent.requeue import Requeue
 from model_agent.kube.client import KubeClient
 from model_agent.local.layout import Layout, Root, token_for
-from model_agent.local.manifest import Manifest, ManifestStore, fsync_dir
+from model_agent.local.manifest import Manifest, ManifestStore, fsync_dir, write_atomic
 from model_agent.local.node_markers import (
     NETWORK_FS_TYPES,
     SharedVerdict,
@@ -68,6 +77,10 @@ T = TypeVar("T")
 WAITING_FOR_PEER = "waiting-for-peer"
 PUBLISHED_DIR = "shared"
 VERDICT_TTL_S = 5.0
+VERIFIED_DIR = "verified"
+# A peer's clean verification stands for this share of the interval: a node's passes come 0.9-1.1 intervals
+# apart, so a record younger than this was made in the current round and one older is due again.
+VERIFY_FRESH_SHARE = 0.8
 # A waiting node looks for the publication (a file read) and tries the Lease this often, jittered.
 WAIT_POLL_S = 1.0
 
@@ -159,6 +172,63 @@ def confirmed_gone(outcome: Outcome, live: dict[str, Any] | None, manifest: Mani
 def purge_allowed(shared: bool, holds_lease: bool) -> bool:
     """A private root's trash is this node's; a shared root's is purged by the purge Lease's holder only."""
     return not shared or holds_lease
+
+
+class VerifyTurn(StrEnum):
+    """What a node's scheduled verify pass does with one model."""
+
+    ALONE = "alone"  # a private root: re-hash as always
+    VERIFY = "verify"  # a shared root, due, and this node holds the model's verify Lease: re-hash, record
+    SKIP = "skip"  # a node verified these very files clean within the interval
+    BUSY = "busy"  # another node holds the verify Lease: it is re-hashing them now, its record will say
+
+
+def verify_turn(shared: bool, verified_recently: bool, holds_lease: bool) -> VerifyTurn:
+    """The turn of one node's scheduled pass for one model (``verified_recently``: see :func:`fresh_verification`)."""
+    if not shared:
+        return VerifyTurn.ALONE
+    if verified_recently:
+        return VerifyTurn.SKIP
+    return VerifyTurn.VERIFY if holds_lease else VerifyTurn.BUSY
+
+
+def files_digest(manifest: Manifest) -> str:
+    """A digest of what a verification vouches for: the destination and every file's size, hashes and mtime.
+
+    A refetched or damaged-marked file changes it (its mtime), so a record of the old list never covers it.
+    """
+    files = [[f.path, f.size, f.sha256 or "", f.git_sha1 or "", f.mtime_ns] for f in manifest.files]
+    return hashlib.sha256(json.dumps([manifest.dest, files]).encode()).hexdigest()
+
+
+def verification_bytes(digest: str, node: str, now: float, damaged: list[str]) -> bytes:
+    """A verification record: who re-hashed which file list when, and what was found."""
+    body = {
+        "files": digest,
+        "node": node,
+        "verifiedAt": now,
+        "result": "failure" if damaged else "success",
+        "damaged": damaged[:50],
+    }
+    return json.dumps(body, sort_keys=True).encode()
+
+
+def fresh_verification(data: bytes | None, digest: str, now: float, interval_s: float) -> bool:
+    """Does the record say these files (``digest``) verified clean in the current round of ``interval_s``?
+
+    No: no record or an unreadable one, another file list, a failure (never skipped: see the module), older
+    than :data:`VERIFY_FRESH_SHARE` of the interval, or dated later than a few seconds from now (a clock ahead
+    must not silence the fleet's verification).
+    """
+    if data is None:
+        return False
+    try:
+        record = json.loads(data)
+        at = float(record["verifiedAt"])
+        same = record["files"] == digest and record["result"] == "success"
+    except (ValueError, KeyError, TypeError):
+        return False
+    return same and -5.0 <= now - at < VERIFY_FRESH_SHARE * interval_s
 
 
 def publication_bytes(manifest_text: str, node: str, now: float) -> bytes:
@@ -464,6 +534,53 @@ class SharedRoots:
             if not holding:
                 raise Requeue("another node is restoring or removing the shared copy", 1.0)
             yield
+
+    # ----------------------------------------------------------------------------------- verification
+
+    def _verified_path(self, root: Root, manifest: Manifest) -> Path:
+        target = f"{manifest.storage_uri}|{manifest.dest}"
+        return root.private / PUBLISHED_DIR / VERIFIED_DIR / f"{token_for(target)}.json"
+
+    def _read_verification(self, path: Path) -> bytes | None:
+        try:
+            return path.read_bytes()
+        except OSError:
+            return None
+
+    @contextlib.asynccontextmanager
+    async def verify_turn(self, manifest: Manifest, interval_s: float) -> AsyncIterator[VerifyTurn]:
+        """The turn of this node's scheduled pass for ``manifest``; on ``VERIFY`` the verify Lease is held (and
+        renewed) for the block, which re-hashes and then calls :meth:`record_verification`.
+
+        A private root: ``ALONE``, no Lease, no record. The record is read again under the Lease: a peer may
+        have finished between the first look and the Lease.
+        """
+        shared, root = self.shared_for(manifest.dest, fresh=True)  # once per model and interval: cheap
+        if not shared:
+            yield VerifyTurn.ALONE
+            return
+        digest = files_digest(manifest)
+        path = self._verified_path(root, manifest)
+
+        def fresh() -> bool:
+            return fresh_verification(self._read_verification(path), digest, time.time(), interval_s)
+
+        if await asyncio.to_thread(fresh):
+            yield VerifyTurn.SKIP
+            return
+        async with self._try_hold(f"shared-verify|{manifest.storage_uri}|{manifest.dest}") as holding:
+            recent = await asyncio.to_thread(fresh) if holding else False
+            yield verify_turn(True, recent, holding)
+
+    def record_verification(self, manifest: Manifest, damaged: list[str], now: float | None = None) -> None:
+        """Leave the verification record of ``manifest`` (a thread: it writes and fsyncs); private roots: none."""
+        shared, root = self.shared_for(manifest.dest, fresh=True)
+        if not shared:
+            return
+        path = self._verified_path(root, manifest)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        stamp = time.time() if now is None else now
+        write_atomic(path, verification_bytes(files_digest(manifest), self._node, stamp, damaged))
 
     async def as_purge_owner(self, purge: Callable[[], Awaitable[list[T]]]) -> list[T]:
         """Run ``purge`` if this node may purge now: always on private roots; the purge Lease's holder on shared."""

@@ -74,6 +74,13 @@ class Metrics:
         self.quarantined = Counter("model_agent_quarantined", "Models moved to the trash", registry=r)
         self.restored = Counter("model_agent_restored", "Models restored from the trash", registry=r)
         self.purged = Counter("model_agent_purged", "Trash entries purged", registry=r)
+        self.verified_files = Counter("model_agent_verified_files", "Files re-hashed by verification", registry=r)
+        self.verifications_skipped = Counter(
+            "model_agent_verifications_skipped",
+            "Scheduled verifications left to a peer on a shared root (skip: verified this round; busy: under way)",
+            ("turn",),
+            registry=r,
+        )
         self.breaker_open = Gauge("model_agent_delete_breaker_open", "1 while destructive acts are held", registry=r)
         self.breaker_trips = Counter("model_agent_delete_breaker_trips", "Times the breaker opened", registry=r)
         self.drift_repairs = Counter(
