@@ -14,6 +14,10 @@ file's bytes once plus at most the parts the victim had in flight. Its origin is
 answers every resolve GET with 200 and the whole body, ignoring Range (see testbed/servers/olah.py), so a
 resume from olah has to read the file from byte 0 whatever the part map says, and the origin's bytes could
 not show the resume.
+
+The verification test runs three agents with a 2 s ``--verify-interval``: the scheduled re-hash is spread,
+so the agents' metrics summed show about one verification of the model per interval (each of its files
+hashed once), not one per agent.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ import asyncio
 import base64
 import json
 import re
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -264,4 +269,68 @@ async def test_a_fetcher_killed_at_half_is_taken_over_and_resumed_from_the_share
     # disk and the taker, resuming the map, asks S3 only for the others (ranged GETs).
     assert 0 <= refetched <= CONCURRENCY * PART_MIB * MiB, (served, total, at_kill)
     assert (shared / "m" / big).read_bytes() == files[big]
+    await kube.delete_model(CBM, name)
+
+
+async def test_the_scheduled_verification_of_a_shared_root_hashes_each_file_once_per_interval(
+    kube: Kube, olah: OlahServer, mirrors_root: Path, make_agent: AgentFactory, unique: str, tmp_path: Path
+) -> None:
+    files = tiny_llama(47)
+    repo = f"acme/shared-verify-{unique}"
+    await asyncio.to_thread(create_model_repo, mirrors_root, repo, files)
+    shared = tmp_path / "shared-models"
+    group = {"shared-root-verify": unique}
+    interval = 2.0
+    args = ("--verify-interval", str(interval))
+    agents = [await make_agent(models_root=shared, labels=group, args=args) for _ in range(3)]
+    name = f"shared-verify-{unique}"
+    label = node_label_key(CBM, "", name)
+    await kube.apply(cbm(name, f"hf://{repo}", str(shared / "m"), nodeSelector=group))
+
+    async def all_ready() -> bool:
+        labels = [(await kube.node_labels(a.node)).get(label) for a in agents]
+        return labels == ["Ready"] * len(agents)
+
+    await eventually(all_ready, timeout=60, what="3 nodes Ready on one shared root")
+
+    def counts() -> tuple[float, float, float]:
+        """(verifications of the model, files hashed, passes left to a peer) summed over the agents, each
+        agent's from one scrape (so its verification and file counts agree)."""
+        wanted = f'model_agent_verifications_total{{model_type="{CBM}",name="{name}",namespace="",result="success"}}'
+        verified = hashed = skipped = 0.0
+        for agent in agents:
+            sample = agent.metrics()
+            verified += sample.get(wanted, 0.0)
+            hashed += sample.get("model_agent_verified_files_total", 0.0)
+            skipped += sum(v for k, v in sample.items() if k.startswith("model_agent_verifications_skipped_total{"))
+        return verified, hashed, skipped
+
+    async def first_round() -> bool:
+        return counts()[0] >= 1
+
+    await eventually(first_round, timeout=30, what="the model verified once")
+    published = [p for p in (shared / "m").rglob("*") if p.is_file()]  # the manifest's files (the repo's own too)
+    before, started = counts(), time.monotonic()
+    after = before
+
+    async def rounds_passed() -> bool:  # the other two nodes' passes have come round a few times each
+        nonlocal after
+        after = counts()
+        return after[2] - before[2] >= 6
+
+    await eventually(rounds_passed, timeout=60, what="six verify passes left to a peer")
+    elapsed = time.monotonic() - started
+    verified, hashed = after[0] - before[0], after[1] - before[1]
+    print(
+        f"{elapsed:.1f}s ({elapsed / interval:.1f} intervals): the model ({len(published)} files) re-hashed "
+        f"{verified:g} times by 3 nodes, {hashed:g} files hashed"
+    )
+    assert hashed == verified * len(published), (hashed, verified, published)  # each file once per verification
+    # One verification per round: a clean record stands for 0.8 of the interval, so at most one per 0.8 interval
+    # (plus the round under way). Every node hashing on its own would be about 3 per interval.
+    assert 1 <= verified <= elapsed / (0.8 * interval) + 1, (verified, elapsed)
+    records = list((shared / ".model-agent" / "shared" / "verified").glob("*.json"))
+    assert len(records) == 1, records
+    record = json.loads(records[0].read_text())
+    assert record["result"] == "success" and record["node"] in {a.node for a in agents}, record
     await kube.delete_model(CBM, name)
