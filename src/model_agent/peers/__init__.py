@@ -1,0 +1,81 @@
+"""Node-to-node distribution: a node takes the files of a model from peers that already hold them.
+
+Role: each agent serves the files of its Ready models read-only on the node network
+(:mod:`.server`, content-addressed ``/blobs/sha256/<hex>`` with ``Range``); a fetching agent learns who
+holds a model from the cluster (:mod:`.directory`: Nodes labelled Ready for a model of the same source and
+annotated with a peer address), takes each file from one of them through the transfer engine
+(:mod:`.fetch`), and goes to the origin only for what no peer could give. While a node waits for an origin
+slot it keeps looking for a peer (:mod:`.seeding`), so the origin-slot holders are the seeders.
+
+Guarantees:
+
+1. **Verified against the origin, never the peer.** A file is asked from a peer only when the origin's own
+   listing gave its sha256, and the engine checks the bytes against that digest; a peer's word is never
+   used. A mismatch deletes the file (the engine's guarantee), bans that peer for a while (:mod:`.bans`,
+   counted) and the next peer or the origin is tried: a lying peer costs bandwidth, never correctness.
+2. **Fallback is the origin as before.** No peer, every peer banned or failing, or the service off: the
+   file comes from the origin exactly as without peers.
+3. **Only peers of this cluster's agent.** Both directions authenticate: a fetch presents a projected
+   ServiceAccount token for a dedicated audience; the server accepts only a token the API server reviews
+   as valid for that audience and as the agent's own ServiceAccount (:mod:`.auth`). The peer token never
+   goes to an origin, origin credentials never go to a peer.
+4. **Read-only and confined.** The server serves only files recorded in this node's manifests, whose size
+   and mtime still match the record, opened without following symlinks and inside the models roots; it
+   caps its upload rate (token bucket) and the requests in flight per peer (429 over the limit).
+5. **Off unless asked.** ``PeerConfig.enabled`` is false by default (drop-in compatibility with OME's
+   flags); the Helm chart turns it on.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+PEER_ADDRESS_ANNOTATION = "models.ome.io/peer-address"
+DEFAULT_AUDIENCE = "model-agent-peer"
+DEFAULT_PORT = 8090
+
+
+@dataclass(frozen=True)
+class PeerConfig:
+    """Peer distribution settings of one agent (flags ``--peer-*``; environment ``MODEL_AGENT_PEER_*``)."""
+
+    enabled: bool = False
+    port: int = DEFAULT_PORT
+    bind_address: str = "0.0.0.0"  # the node network is where peers are
+    advertise_address: str = ""  # host:port other nodes use; "" -> the pod IP (POD_IP) and ``port``
+    token_file: str = ""  # projected ServiceAccount token with ``audience`` (re-read when it changes)
+    audience: str = DEFAULT_AUDIENCE
+    allowed_username: str = ""  # "" -> system:serviceaccount:<namespace>:<service account of this pod>
+    upload_rate: float = 0.0  # bytes/s served to all peers together; 0: no cap
+    max_per_peer: int = 32  # requests in flight per peer address; more get 429
+    ban_s: float = 600.0
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> PeerConfig:
+        """The settings from ``MODEL_AGENT_PEER_*`` variables (defaults where unset)."""
+        e = os.environ if env is None else env
+
+        def get(name: str, default: str) -> str:
+            return e.get(f"MODEL_AGENT_PEER_{name}", default)
+
+        return cls(
+            enabled=get("ENABLED", "false").lower() in ("1", "true", "yes"),
+            port=int(get("PORT", str(DEFAULT_PORT))),
+            bind_address=get("BIND_ADDRESS", "0.0.0.0"),
+            advertise_address=get("ADVERTISE_ADDRESS", ""),
+            token_file=get("TOKEN_FILE", ""),
+            audience=get("AUDIENCE", DEFAULT_AUDIENCE),
+            allowed_username=get("ALLOWED_USERNAME", ""),
+            upload_rate=float(get("UPLOAD_RATE", "0")),
+            max_per_peer=int(get("MAX_PER_PEER", "32")),
+            ban_s=float(get("BAN_SECONDS", "600")),
+        )
+
+    def advertised(self) -> str:
+        """The address written on this node's Node object."""
+        if self.advertise_address:
+            return self.advertise_address
+        host = os.environ.get("POD_IP", "127.0.0.1")
+        return f"[{host}]:{self.port}" if ":" in host else f"{host}:{self.port}"

@@ -1,0 +1,144 @@
+"""Who may talk to a peer server: the agent's own ServiceAccount, proven by a projected token for the peer audience.
+
+Client side, :class:`TokenFile`: the token the kubelet projects into the pod (``audience`` set to the
+peer audience), read again whenever the file changes, since the kubelet rotates it. It is sent only to
+peers (``Authorization: Bearer``), never to an origin.
+
+Server side, :class:`TokenReviewer`: a bearer token is checked with a ``TokenReview``
+(``authentication.k8s.io/v1``) whose ``spec.audiences`` is the peer audience; it passes only when the API
+server says it is authenticated for that audience and its username is the agent's ServiceAccount
+(``system:serviceaccount:<namespace>:<name>``). Answers are cached by the token's sha256 (never the token)
+for ``cache_s`` (a refusal for a shorter time, so a bad client cannot make the API server review its token
+at request rate, and a fixed client is not refused for long). A review that cannot be made (API down)
+refuses (503 to the peer), it never admits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import os
+import time
+from dataclasses import dataclass
+
+import structlog
+
+from model_agent.kube.client import ApiError, ApiUnavailable, KubeClient
+
+log = structlog.get_logger(__name__)
+
+TOKENREVIEWS = "/apis/authentication.k8s.io/v1/tokenreviews"
+
+
+class TokenFile:
+    """The current token in ``path``; re-read when its mtime or size changes."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._stamp: tuple[int, int] | None = None
+        self._token = ""
+
+    def token(self) -> str:
+        """The token now ("" when the file is unreadable: the peer then refuses and the origin is used)."""
+        try:
+            st = os.stat(self.path)
+            stamp = (st.st_mtime_ns, st.st_size)
+            if stamp != self._stamp:
+                with open(self.path, encoding="utf-8") as f:
+                    self._token = f.read().strip()
+                self._stamp = stamp
+        except OSError:
+            return ""
+        return self._token
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """A review's answer: HTTP status to give (200 admits) and why."""
+
+    status: int
+    why: str = ""
+
+    @property
+    def admitted(self) -> bool:
+        return self.status == 200
+
+
+class TokenReviewer:
+    """Checks a peer's bearer token with the API server (see the module contract)."""
+
+    def __init__(
+        self,
+        client: KubeClient,
+        audience: str,
+        username: str,
+        *,
+        cache_s: float = 60.0,
+        refusal_cache_s: float = 10.0,
+    ) -> None:
+        self.client = client
+        self.audience = audience
+        self.username = username
+        self.cache_s = cache_s
+        self.refusal_cache_s = refusal_cache_s
+        self._cache: dict[str, tuple[float, Verdict]] = {}
+        self._inflight: dict[str, asyncio.Future[Verdict]] = {}
+        self.reviews = 0  # TokenReviews sent (tests and the status)
+
+    async def check(self, authorization: str | None) -> Verdict:
+        """The verdict for an ``Authorization`` header value."""
+        if not authorization or not authorization.startswith("Bearer ") or not authorization[7:].strip():
+            return Verdict(401, "no bearer token")
+        token = authorization[7:].strip()
+        digest = hashlib.sha256(token.encode()).hexdigest()
+        now = time.monotonic()
+        cached = self._cache.get(digest)
+        if cached is not None and cached[0] > now:
+            return cached[1]
+        pending = self._inflight.get(digest)
+        if pending is not None:  # one review per token at a time, whatever the request rate
+            return await asyncio.shield(pending)
+        future: asyncio.Future[Verdict] = asyncio.get_running_loop().create_future()
+        self._inflight[digest] = future
+        try:
+            verdict = await self._review(token)
+            if verdict.status != 503:
+                ttl = self.cache_s if verdict.admitted else self.refusal_cache_s
+                self._cache[digest] = (time.monotonic() + ttl, verdict)
+                if len(self._cache) > 4096:  # bounded: drop expired answers
+                    self._cache = {k: v for k, v in self._cache.items() if v[0] > time.monotonic()}
+            future.set_result(verdict)
+            return verdict
+        except BaseException as exc:
+            future.set_exception(exc)
+            future.exception()  # retrieved: waiters see it, nobody logs "never retrieved"
+            raise
+        finally:
+            del self._inflight[digest]
+
+    async def _review(self, token: str) -> Verdict:
+        body = {
+            "apiVersion": "authentication.k8s.io/v1",
+            "kind": "TokenReview",
+            "spec": {"token": token, "audiences": [self.audience]},
+        }
+        self.reviews += 1
+        try:
+            answer = await self.client.request("POST", TOKENREVIEWS, body=body)
+        except (ApiError, ApiUnavailable) as exc:
+            log.warning("peer token review failed", error=str(exc)[:200])
+            return Verdict(503, "token review unavailable")
+        status = answer.get("status") or {}
+        if not status.get("authenticated"):
+            return Verdict(403, "token not valid for the peer audience")
+        if self.audience not in (status.get("audiences") or [self.audience]):
+            return Verdict(403, "token not valid for the peer audience")
+        username = (status.get("user") or {}).get("username", "")
+        if username != self.username:
+            return Verdict(403, f"{username or 'this identity'} is not the model agent")
+        return Verdict(200)
+
+
+def service_account_username(namespace: str, name: str) -> str:
+    """The username the API server gives a ServiceAccount's tokens."""
+    return f"system:serviceaccount:{namespace}:{name}"

@@ -1,0 +1,258 @@
+"""The peer server: this node's Ready model files, read-only, by sha256, to authenticated peers.
+
+``GET`` and ``HEAD /blobs/sha256/<64 hex>``, with a single ``Range`` (``bytes=a-b``, ``a-``, ``-n``:
+206 with ``Content-Range``; 416 outside the file). Nothing else is routed.
+
+Contract:
+
+* **What is served.** Only files recorded in this node's manifests (published models; a model whose
+  removal was decided is left out), looked up by the sha256 the manifest records, and only while the file's
+  size and mtime still match the record (a file changed on disk is 404). The index is rebuilt from the
+  manifests at most every ``index_s``; a digest not found forces one rebuild (at most once a second).
+* **Confined.** The file is opened with ``O_NOFOLLOW`` after its real path is checked to be inside one of
+  the models roots; the checked descriptor is the one read, so a symlink swapped in meanwhile is refused.
+* **Who.** Every request is authenticated first (:mod:`.auth`): no token 401, refused token 403, review
+  unavailable 503.
+* **How much.** At most ``max_per_peer`` requests in flight per peer address (429 with ``Retry-After``
+  beyond, before any file is opened); the bytes of all answers together are paced by a token bucket at
+  ``upload_rate`` bytes/s (0: no cap). Every byte sent counts in ``on_upload``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+import structlog
+from aiohttp import web
+
+from model_agent.local.manifest import Manifest
+from model_agent.peers.auth import TokenReviewer
+
+log = structlog.get_logger(__name__)
+
+CHUNK = 1024 * 1024
+_DIGEST = re.compile(r"^[0-9a-f]{64}$")
+_RANGE = re.compile(r"^bytes=(\d*)-(\d*)$")
+
+
+@dataclass(frozen=True)
+class Blob:
+    """Where a digest's bytes are on this node, and what they must still look like."""
+
+    path: Path
+    size: int
+    mtime_ns: int
+
+
+class BlobIndex:
+    """sha256 -> file, from the manifests of this node (see the module contract)."""
+
+    def __init__(
+        self,
+        manifests: Callable[[], Iterable[Manifest]],
+        roots: Callable[[], list[Path]],
+        *,
+        index_s: float = 5.0,
+    ) -> None:
+        self._manifests = manifests
+        self._roots = roots
+        self.index_s = index_s
+        self._blobs: dict[str, Blob] = {}
+        self._at = -1e9
+        self._lock = asyncio.Lock()
+
+    def _build(self) -> dict[str, Blob]:
+        blobs: dict[str, Blob] = {}
+        for manifest in self._manifests():
+            if manifest.removing:
+                continue
+            dest = Path(manifest.dest)
+            for f in manifest.files:
+                if f.sha256 and _DIGEST.match(f.sha256):
+                    blobs[f.sha256] = Blob(dest / f.path, f.size, f.mtime_ns)
+        return blobs
+
+    async def find(self, digest: str) -> Blob | None:
+        """The file holding ``digest``, or None."""
+        async with self._lock:
+            age = time.monotonic() - self._at
+            if age > self.index_s or (digest not in self._blobs and age > 1.0):
+                self._blobs = await asyncio.to_thread(self._build)
+                self._at = time.monotonic()
+            return self._blobs.get(digest)
+
+    def open(self, blob: Blob) -> int | None:
+        """A descriptor of ``blob`` when it is inside a models root and unchanged; None otherwise."""
+        real = Path(os.path.realpath(blob.path))
+        if real != blob.path or not any(root in real.parents for root in self._roots()):
+            return None
+        try:
+            fd = os.open(blob.path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError:
+            return None
+        st = os.fstat(fd)
+        if st.st_size != blob.size or (blob.mtime_ns and st.st_mtime_ns != blob.mtime_ns) or not _regular(st.st_mode):
+            os.close(fd)
+            return None
+        return fd
+
+
+def _regular(mode: int) -> bool:
+    import stat
+
+    return stat.S_ISREG(mode)
+
+
+class UploadPacer:
+    """A token bucket of ``rate`` bytes/s shared by every answer (burst: one second's worth); 0: no pacing."""
+
+    def __init__(self, rate: float) -> None:
+        self.rate = rate
+        self._tokens = rate
+        self._at = time.monotonic()
+        self._lock = asyncio.Lock()
+
+    async def take(self, n: int) -> None:
+        """Wait until ``n`` bytes may be sent."""
+        if self.rate <= 0:
+            return
+        async with self._lock:  # FIFO: one waiter at a time draws from the bucket
+            while True:
+                now = time.monotonic()
+                self._tokens = min(self.rate, self._tokens + (now - self._at) * self.rate)
+                self._at = now
+                if self._tokens >= min(n, self.rate):
+                    self._tokens -= n  # may go negative for n > rate: the debt is paid by waiting below
+                    return
+                await asyncio.sleep((min(n, self.rate) - self._tokens) / self.rate)
+
+
+def parse_range(header: str | None, size: int) -> tuple[int, int] | str | None:
+    """``(start, end_exclusive)`` of a ``Range`` header; None for the whole file; "unsatisfiable" for 416."""
+    if not header:
+        return None
+    m = _RANGE.match(header.strip())
+    if m is None or (not m.group(1) and not m.group(2)):
+        return None  # a form we do not serve (several ranges): the whole file, as RFC 9110 allows
+    if not m.group(1):
+        n = int(m.group(2))
+        if n == 0 or size == 0:
+            return "unsatisfiable"
+        return max(0, size - n), size
+    start = int(m.group(1))
+    end = min(int(m.group(2)) + 1, size) if m.group(2) else size
+    if start >= size or end <= start:
+        return "unsatisfiable"
+    return start, end
+
+
+class PeerServer:
+    """The aiohttp application and its listener (see the module contract)."""
+
+    def __init__(
+        self,
+        index: BlobIndex,
+        reviewer: TokenReviewer,
+        *,
+        host: str,
+        port: int,
+        upload_rate: float = 0.0,
+        max_per_peer: int = 32,
+        on_upload: Callable[[int], None] = lambda _n: None,
+    ) -> None:
+        self.index = index
+        self.reviewer = reviewer
+        self.host = host
+        self.port = port
+        self.pacer = UploadPacer(upload_rate)
+        self.max_per_peer = max_per_peer
+        self.on_upload = on_upload
+        self._inflight: dict[str, int] = {}
+        self._runner: web.AppRunner | None = None
+        self.uploaded = 0
+
+    def app(self) -> web.Application:
+        """The routes: the blob endpoint only."""
+        app = web.Application()
+        app.router.add_get("/blobs/sha256/{digest}", self._blob)  # HEAD too (allow_head)
+        return app
+
+    async def start(self) -> None:
+        """Listen on ``host:port`` (port 0: any; the bound port is then in ``self.port``)."""
+        self._runner = web.AppRunner(self.app(), access_log=None)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, self.host, self.port)
+        await site.start()
+        server = getattr(site, "_server", None)
+        if self.port == 0 and server is not None and server.sockets:
+            self.port = server.sockets[0].getsockname()[1]
+        log.info("peer server listening", host=self.host, port=self.port)
+
+    async def stop(self) -> None:
+        """Stop listening and end the answers in flight."""
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+
+    async def _blob(self, req: web.Request) -> web.StreamResponse:
+        peer = req.remote or "?"
+        if self._inflight.get(peer, 0) >= self.max_per_peer:
+            return web.Response(status=429, headers={"Retry-After": "1"}, text="too many requests from this peer\n")
+        self._inflight[peer] = self._inflight.get(peer, 0) + 1
+        try:
+            return await self._answer(req)
+        finally:
+            left = self._inflight[peer] - 1
+            if left:
+                self._inflight[peer] = left
+            else:
+                del self._inflight[peer]
+
+    async def _answer(self, req: web.Request) -> web.StreamResponse:
+        verdict = await self.reviewer.check(req.headers.get("Authorization"))
+        if not verdict.admitted:
+            headers = {"WWW-Authenticate": "Bearer"} if verdict.status == 401 else {}
+            return web.Response(status=verdict.status, headers=headers, text=verdict.why + "\n")
+        digest = req.match_info["digest"]
+        if not _DIGEST.match(digest):
+            return web.Response(status=404, text="not a sha256\n")
+        blob = await self.index.find(digest)
+        fd = await asyncio.to_thread(self.index.open, blob) if blob is not None else None
+        if blob is None or fd is None:
+            return web.Response(status=404, text="not held here\n")
+        try:
+            wanted = parse_range(req.headers.get("Range"), blob.size)
+            if wanted == "unsatisfiable":
+                return web.Response(status=416, headers={"Content-Range": f"bytes */{blob.size}"})
+            start, end = wanted if isinstance(wanted, tuple) else (0, blob.size)
+            resp = web.StreamResponse(status=206 if isinstance(wanted, tuple) else 200)
+            resp.content_length = end - start
+            resp.content_type = "application/octet-stream"
+            resp.headers["Accept-Ranges"] = "bytes"
+            resp.headers["ETag"] = f'"{digest}"'
+            if isinstance(wanted, tuple):
+                resp.headers["Content-Range"] = f"bytes {start}-{end - 1}/{blob.size}"
+            await resp.prepare(req)
+            if req.method == "HEAD":
+                return resp
+            offset = start
+            while offset < end:
+                n = min(CHUNK, end - offset)
+                await self.pacer.take(n)
+                data = await asyncio.to_thread(os.pread, fd, n, offset)
+                if not data:
+                    break  # truncated under us: the peer's size check and verification catch it
+                await resp.write(data)
+                offset += len(data)
+                self.uploaded += len(data)
+                self.on_upload(len(data))
+            await resp.write_eof()
+            return resp
+        finally:
+            os.close(fd)
