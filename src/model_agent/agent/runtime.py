@@ -142,6 +142,8 @@ class Agent:
         if self.node.store.get(self.settings.node_name) is None:
             log.error("this agent's Node does not exist", node=self.settings.node_name)
         self.started.set()
+        if self.wiring.peers is not None:  # serve this node's Ready files to peers (model_agent.peers)
+            self.supervisor.spawn("peer server", self.wiring.peers.run)
         for i in range(self.settings.workers):
             self._workers.append(asyncio.create_task(self._worker(), name=f"worker {i}"))
         self._spawn_periodic("resync", self.settings.resync_interval_s, self._resync)
@@ -272,6 +274,7 @@ class Agent:
             models=facts,
         )
         view["sharedRoots"] = self.wiring.shared_roots.status()  # shared or not, why, fs type (agent/shared_root.py)
+        view["peers"] = self.wiring.peers.status() if self.wiring.peers is not None else {"enabled": False}
         return view
 
     # ----------------------------------------------------------------------------------- health

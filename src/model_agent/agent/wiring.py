@@ -46,6 +46,8 @@ from model_agent.model.selection import INSTANCE_TYPE_MAP_ENV, parse_instance_ty
 from model_agent.model.uris import StorageType
 from model_agent.ops.events import EventRecorder
 from model_agent.ops.metrics import Metrics
+from model_agent.peers import PeerConfig
+from model_agent.peers.service import PeerService
 from model_agent.sources.cloud import CloudSource
 from model_agent.sources.hf import HuggingFaceSource
 from model_agent.sources.oci import OciSource
@@ -169,6 +171,23 @@ class Wiring:
             )
         )
         ranged = settings.ranged_config()
+        # Node-to-node distribution (model_agent.peers): off unless configured; the chart turns it on.
+        peer_config = PeerConfig.from_env()
+        self.peers = (
+            PeerService(
+                peer_config,
+                client,
+                namespace=settings.namespace,
+                node_name=node,
+                manifests=self.manifests.all,
+                roots=lambda: [root.path for root in self.layout.roots],
+                models=lambda: {kind: list(r.store.values()) for kind, r in self.models.items()},
+                metrics=self.metrics,
+                ranged=ranged,
+            )
+            if peer_config.enabled
+            else None
+        )
         s3 = S3Source(ranged=ranged)
         cloud = CloudSource(ranged=ranged)  # gs:// and az:// (one instance: stores are cached)
         self.reconciler = Reconciler(
@@ -181,6 +200,8 @@ class Wiring:
                     resolve_cache=self.resolve_cache,
                     user_agent=f"model-agent/{node}",
                     ranged=ranged,
+                    peers=self.peers.fetcher if self.peers is not None else None,
+                    on_origin_bytes=self.peers.on_origin_bytes if self.peers is not None else lambda _n: None,
                 ),
                 models_store={kind: r.store for kind, r in self.models.items()},
                 requeue_after=handlers.requeue_after,
@@ -192,7 +213,7 @@ class Wiring:
                     StorageType.AZURE: cloud,
                 },
                 instance_type_map=parse_instance_type_map(os.environ.get(INSTANCE_TYPE_MAP_ENV)),
-                origin_slots=self.origin.hold,
+                origin_slots=self.peers.slots(self.origin.hold) if self.peers is not None else self.origin.hold,
                 download_limits=settings.download_limits(),
                 max_failed_per_namespace=settings.max_failed_per_namespace,
                 tenant_local_allow=tuple(settings.tenant_local_allow),

@@ -145,6 +145,24 @@ class Metrics:
             "The worst event-loop lag seen within the last minute",
             registry=r,
         )
+        # --- node-to-node distribution (model_agent.peers)
+        self.bytes_by_source = Counter(
+            "model_agent_fetched_bytes_by_source",
+            "Bytes fetched by where they came from: origin, peer (another node's peer server), shared (a shared root)",
+            ("source",),
+            registry=r,
+        )
+        self.peers_banned = Counter(
+            "model_agent_peers_banned", "Peers banned for serving bytes that failed verification", registry=r
+        )
+        self.peer_upload_bytes = Counter(
+            "model_agent_peer_upload_bytes", "Bytes this node's peer server sent to other nodes", registry=r
+        )
+        self.peer_upload_rate_limit = Gauge(
+            "model_agent_peer_upload_rate_limit_bytes",
+            "The peer server's upload cap in bytes/s (0: none); the rate sent is rate(model_agent_peer_upload_bytes)",
+            registry=r,
+        )
 
     def observe_api(self, verb: str, resource: str, status: int, seconds: float) -> None:
         """Record one API request's latency; a 401/403 also counts as an RBAC denial of ``resource``."""

@@ -23,6 +23,11 @@ Two data paths, by file:
   ``hf_hub_download`` until 2026-12-02: its per-file cost (a lock file, ``.incomplete`` bookkeeping, a
   second read to verify) made twenty small files take 0.33 s of fetch on the reference box.
 
+With peers on (:mod:`model_agent.peers`), an LFS file is first asked from nodes that hold the model Ready, through
+a second engine session, against the sha256 the hub listed (never one a peer gives); the origin path above
+is taken for what no peer gives, and for small files (the hub lists no sha256 for them). The hub token never
+goes to a peer, the peer token never to the hub.
+
 ``HF_ENDPOINT`` (or an explicit endpoint) selects the hub or a mirror: the admin's, never a tenant's. Tokens are
 resolved by the caller (:mod:`model_agent.agent.credentials`: the platform ``HF_TOKEN`` only for trusted models),
 and ``token=False`` is passed when there is none, so huggingface_hub never falls back to ``HF_TOKEN`` itself.
@@ -33,12 +38,14 @@ discarded later); huggingface_hub's blocking calls run in worker threads so the 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import os
 import time
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urljoin, urlsplit
 
 from model_agent.local.capacity import REGISTRY, Reservation, is_disk_full
@@ -46,13 +53,18 @@ from model_agent.local.manifest import FileRecord, file_digest
 from model_agent.model.uris import parse_hf_uri
 from model_agent.sources.base import FetchRequest, FetchResult, Progress, ResolveRecords, SourceError, SourceRules
 from model_agent.transfer import (
+    Downloaded,
     Expected,
     RangedConfig,
+    RangedDownloader,
     engine_session,
     gather_or_cancel,
     largest_first,
     part_map_path,
 )
+
+if TYPE_CHECKING:
+    from model_agent.peers.fetch import PeerFetcher
 
 MAX_PARALLEL_FILES = 4
 METADATA_TIMEOUT_S = 30.0
@@ -138,7 +150,13 @@ class HuggingFaceSource:
         *,
         user_agent: str = "",
         ranged: RangedConfig | None = None,
+        peers: PeerFetcher | None = None,
+        on_origin_bytes: Callable[[int], None] = lambda _n: None,
     ) -> None:
+        # Peers (model_agent.peers): an LFS file is asked from nodes that hold it first, verified against the
+        # hub's sha256; the origin gives what they cannot. None: every byte from the origin.
+        self.peers = peers
+        self.on_origin_bytes = on_origin_bytes
         self.endpoint = endpoint or os.environ.get("HF_ENDPOINT") or None
         self.user_agent = user_agent  # e.g. "model-agent/node-17": lets mirrors and hubs see who fetches
         self.resolve_cache = resolve_cache
@@ -250,7 +268,7 @@ class HuggingFaceSource:
             return with_token if urlsplit(url).netloc == endpoint_host else headers
 
         gate = asyncio.Semaphore(MAX_PARALLEL_FILES)
-        async with engine_session(self.ranged) as engine:
+        async with engine_session(self.ranged) as engine, self._peer_session() as peer_engine:
 
             def on_bytes(n: int) -> None:
                 progress.completed_bytes += n
@@ -265,18 +283,34 @@ class HuggingFaceSource:
                     checks = {"git-sha1": remote.git_sha1}
                 else:
                     checks = {}
+                label = f"{repo}@{commit[:12]}/{remote.path}"
                 async with gate:
                     try:
-                        got = await engine.download(
-                            _Location(self, url, token),
-                            request.staging / remote.path,
-                            Expected(remote.size, checks),
-                            headers=headers_for,
-                            state_path=part_map_path(request.staging, remote.path),
-                            label=f"{repo}@{commit[:12]}/{remote.path}",
-                            on_bytes=on_bytes,
-                            reservation=reservation,
-                        )
+                        got = None
+                        if self.peers is not None and peer_engine is not None and remote.sha256:
+                            got = await self.peers.fetch(
+                                peer_engine,
+                                request.storage_uri,
+                                remote.sha256,
+                                remote.size,
+                                request.staging / remote.path,
+                                state_path=part_map_path(request.staging, remote.path),
+                                label=label,
+                                on_bytes=on_bytes,
+                                reservation=reservation,
+                            )
+                        if got is None:
+                            got = await self._from_origin(
+                                engine,
+                                _Location(self, url, token),
+                                request.staging / remote.path,
+                                Expected(remote.size, checks),
+                                headers=headers_for,
+                                state_path=part_map_path(request.staging, remote.path),
+                                label=label,
+                                on_bytes=on_bytes,
+                                reservation=reservation,
+                            )
                     except SourceError:
                         raise
                     except Exception as exc:
@@ -288,6 +322,20 @@ class HuggingFaceSource:
                 return FileRecord(remote.path, remote.size, got.digests["sha256"], git_sha1)
 
             return await gather_or_cancel(one(r) for r in largest_first(files))
+
+    @contextlib.asynccontextmanager
+    async def _peer_session(self) -> AsyncIterator[RangedDownloader | None]:
+        """The peers' own engine session (quick to give up on a peer), or None without peers."""
+        if self.peers is None:
+            yield None
+            return
+        async with self.peers.session() as engine:
+            yield engine
+
+    async def _from_origin(self, engine: RangedDownloader, *args: Any, **kwargs: Any) -> Downloaded:
+        got = await engine.download(*args, **kwargs)
+        self.on_origin_bytes(got.fetched_bytes)
+        return got
 
 
 def _refuse_unsafe_paths(repo: str, files: list[RemoteFile]) -> None:
