@@ -33,7 +33,7 @@ from typing import Any
 
 import pytest
 
-from model_agent.agent.shared_root import WAITING_FOR_PEER
+from model_agent.agent.shared_root import VERDICT_TTL_S, WAITING_FOR_PEER
 from model_agent.kube.resources import CLUSTERBASEMODELS
 from model_agent.model.keys import configmap_key, node_label_key
 from testbed.agent_process import AgentProcess
@@ -84,9 +84,12 @@ async def test_a_shared_root_fetches_once_keeps_files_a_node_stops_wanting_and_t
     shared = tmp_path / "shared-models"
     group = {"shared-root-test": unique}
     agents = [await make_agent(models_root=shared, labels=group) for _ in range(AGENTS)]
-    for agent in agents:  # each agent saw the others' markers: the root is shared, by detection alone
-        roots = status(agent)["sharedRoots"]
-        assert roots[0]["shared"] is True, roots
+
+    async def all_see_shared() -> bool:  # each agent saw the others' markers: the root is shared, by detection
+        return all(status(agent)["sharedRoots"][0]["shared"] is True for agent in agents)
+
+    # A verdict of "not shared" is re-read every VERDICT_TTL_S: agents that all started within it see it then.
+    await eventually(all_see_shared, timeout=3 * VERDICT_TTL_S, what="every agent seeing the root shared")
     olah.reset_stats()
     name = f"shared-{unique}"
     dest = shared / "m"
