@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import itertools
+import random
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -69,7 +70,7 @@ class PeerFetcher:
         self.token = token
         self.ranged = peer_ranged(ranged or RangedConfig())
         self.on_peer_bytes = on_peer_bytes
-        self._turn = itertools.count()
+        self._turn = itertools.count(random.randrange(1 << 16))  # nodes start at different peers
 
     @contextlib.asynccontextmanager
     async def session(self) -> AsyncIterator[RangedDownloader]:

@@ -1,0 +1,215 @@
+"""Node-to-node distribution end to end: agents fetch a model from each other, verified against the hub's sha256.
+
+Real agents (subprocesses, one Node each, each its own models root) against the real API server and olah.
+The origin's bytes are counted at olah's proxy per User-Agent (``model-agent/<node>``); the peer token is a
+real TokenRequest token of a ServiceAccount for the peer audience, checked by the API server's TokenReview.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import re
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import aiohttp
+import pytest
+from aiohttp import web
+
+from model_agent.kube.client import ApiError
+from model_agent.model.keys import node_label_key
+from model_agent.peers import DEFAULT_AUDIENCE
+from testbed.agent_process import AgentProcess
+from testbed.models import tiny_llama
+from testbed.ports import free_port
+from testbed.servers.olah import DEFAULT_LFS_PATTERNS, OlahServer, create_model_repo
+from tests.e2e.conftest import AgentFactory
+from tests.support.kube import Kube, cbm
+from tests.support.waiting import eventually
+
+pytestmark = pytest.mark.e2e
+
+CBM = "ClusterBaseModel"
+SA = "model-agent-peer-e2e"
+USERNAME = f"system:serviceaccount:ome:{SA}"
+
+
+async def mint_token(kube: Kube, tmp_path: Path, audience: str | None, name: str) -> Path:
+    """A TokenRequest token of the test's ServiceAccount (for ``audience``; None: the API server's own)."""
+    try:
+        await kube.c.request(
+            "POST",
+            "/api/v1/namespaces/ome/serviceaccounts",
+            body={"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": SA}},
+        )
+    except ApiError as exc:
+        if exc.status != 409:
+            raise
+    spec: dict[str, object] = {"expirationSeconds": 3600}
+    if audience is not None:
+        spec["audiences"] = [audience]
+    answer = await kube.c.request(
+        "POST",
+        f"/api/v1/namespaces/ome/serviceaccounts/{SA}/token",
+        body={"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": spec},
+    )
+    path = tmp_path / name
+    path.write_text(answer["status"]["token"])
+    return path
+
+
+def peer_env(token: Path, port: int, advertise: str | None = None) -> dict[str, str]:
+    return {
+        "MODEL_AGENT_PEER_ENABLED": "true",
+        "MODEL_AGENT_PEER_PORT": str(port),
+        "MODEL_AGENT_PEER_BIND_ADDRESS": "127.0.0.1",
+        "MODEL_AGENT_PEER_ADVERTISE_ADDRESS": advertise or f"127.0.0.1:{port}",
+        "MODEL_AGENT_PEER_TOKEN_FILE": str(token),
+        "MODEL_AGENT_PEER_ALLOWED_USERNAME": USERNAME,
+    }
+
+
+@pytest.fixture
+async def byte_flipper() -> AsyncIterator[tuple[int, list[int]]]:
+    """A proxy on a free port in front of 127.0.0.1:<upstream> that flips one byte of every body it relays.
+
+    Yields ``(port, [upstream])``: the test sets the upstream port once it is known.
+    """
+    upstream: list[int] = []
+    session = aiohttp.ClientSession(auto_decompress=False)
+
+    async def relay(req: web.Request) -> web.StreamResponse:
+        headers = {k: v for k, v in req.headers.items() if k.lower() in ("authorization", "range")}
+        async with session.get(f"http://127.0.0.1:{upstream[0]}{req.path}", headers=headers) as r:
+            body = bytearray(await r.read())
+            if body:
+                body[len(body) // 2] ^= 0x01
+            keep = {k: v for k, v in r.headers.items() if k.lower() in ("content-range", "accept-ranges", "etag")}
+            return web.Response(status=r.status, body=bytes(body), headers=keep)
+
+    app = web.Application()
+    app.router.add_get("/{tail:.*}", relay)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    port = free_port()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    try:
+        yield port, upstream
+    finally:
+        await runner.cleanup()
+        await session.close()
+
+
+def model_files(seed: int) -> dict[str, bytes]:
+    """A tiny llama plus four LFS shards (a few MiB in all): several files to spread over peers."""
+    files = tiny_llama(seed, padding_bytes=2 << 20)
+    rng = hashlib.sha256(str(seed).encode()).digest()
+    for i in range(4):
+        files[f"extra/shard-{i}.dat"] = (rng * (1 << 15))[: (1 << 20) + i]
+    return files
+
+
+def origin_bytes(olah: OlahServer, repo: str) -> dict[str, int]:
+    """Body bytes olah served for the repo's files, by the node named in the User-Agent."""
+    by_node: dict[str, int] = {}
+    for r in olah.requests():
+        if r.method == "GET" and f"/{repo}/resolve/" in r.path:
+            node = re.sub(r".*model-agent/", "", r.client)
+            by_node[node] = by_node.get(node, 0) + r.bytes_sent
+    return by_node
+
+
+def on_disk(root: Path, files: dict[str, bytes]) -> bool:
+    """Whether every file of the model is under ``root`` with exactly its bytes."""
+    return all((root / "m" / rel).read_bytes() == data for rel, data in files.items())
+
+
+async def test_peers_serve_the_fleet_a_liar_is_banned_and_the_service_off_falls_back(
+    kube: Kube,
+    olah: OlahServer,
+    mirrors_root: Path,
+    make_agent: AgentFactory,
+    unique: str,
+    tmp_path: Path,
+    byte_flipper: tuple[int, list[int]],
+) -> None:
+    files = model_files(53)
+    total = sum(len(b) for b in files.values())
+    repo = f"acme/peers-{unique}"
+    await asyncio.to_thread(create_model_repo, mirrors_root, repo, files, lfs_patterns=(*DEFAULT_LFS_PATTERNS, "*.dat"))
+    token = await mint_token(kube, tmp_path, DEFAULT_AUDIENCE, "peer-token")
+    group = f"peers-{unique}"
+    args = ("--max-concurrent-origin-fetches", "1")
+    ports = [free_port() for _ in range(4)]
+    flip_port, flip_upstream = byte_flipper
+    flip_upstream.append(ports[1])
+    # seed: the first holder; liar: its peer server is honest but it advertises the byte-flipping proxy
+    seed, liar, b, c = [
+        await make_agent(
+            labels={"peer-test": group},
+            args=args,
+            env=peer_env(token, ports[i], f"127.0.0.1:{flip_port}" if role == "liar" else None),
+        )
+        for i, role in enumerate(["seed", "liar", "b", "c"])
+    ]
+    off = await make_agent(labels={"peer-test": group}, args=args)  # the peer service off
+    uri = f"hf://{repo}"
+    olah.reset_stats()
+
+    # Each agent has its own models root here (one machine), so each node gets its own model object with the
+    # same source, pinned to it: the peer directory matches holders by source.
+    def model_of(agent: AgentProcess) -> str:
+        return f"peers-{unique}-{agent.node[-1]}"
+
+    async def join(*agents: AgentProcess) -> None:
+        for agent in agents:
+            selector = {"kubernetes.io/hostname": agent.node}
+            await kube.apply(cbm(model_of(agent), uri, str(agent.models_root / "m"), nodeSelector=selector))
+
+    async def ready(*agents: AgentProcess) -> bool:
+        labels = [await kube.node_labels(a.node) for a in agents]
+        return all(
+            ls.get(node_label_key(CBM, "", model_of(a))) == "Ready" for ls, a in zip(labels, agents, strict=True)
+        )
+
+    # 1. the seed alone fetches from the origin
+    await join(seed)
+    await eventually(lambda: ready(seed), timeout=90, what="the seed Ready")
+    # 2. the liar node takes the weights from the seed (its own peer server is honest)
+    await join(liar)
+    await eventually(lambda: ready(liar), timeout=90, what="the liar node Ready (from the seed)")
+    # 3. the rest at once: the two holders are the seed and the byte-flipping address
+    await join(b, c, off)
+    await eventually(lambda: ready(b, c, off), timeout=120, what="every node Ready")
+
+    served = origin_bytes(olah, repo)
+    print(f"peers e2e: origin bytes by node {served}, model {total} bytes")
+    for agent in (seed, liar, b, c, off):
+        assert on_disk(agent.models_root, files), agent.node
+    peer_agents = (seed, liar, b, c)
+    from_origin = sum(served.get(a.node, 0) for a in peer_agents)
+    assert from_origin <= 1.1 * total, (served, total)  # the origin served the peer fleet the model about once
+    assert served.get(off.node, 0) >= total * 0.99  # the service off: every byte from the origin, as before
+    # the proxy flipped bytes: the nodes that asked it banned it, nothing corrupt was published (bytes above)
+    banned = sum(a.metric("model_agent_peers_banned_total") for a in (b, c))
+    assert banned >= 1, banned
+    assert (
+        sum(a.metric("model_agent_fetched_bytes_by_source_total", source="peer") for a in (liar, b, c))
+        >= 3 * (total - 64 * 1024) * 0.9
+    )
+    assert seed.metric("model_agent_peer_upload_bytes_total") > 0
+
+    # 3. the peer server refuses a token without the audience (403) and no token (401)
+    no_audience = (await mint_token(kube, tmp_path, None, "plain-token")).read_text()
+    digest = hashlib.sha256(files["model.safetensors"]).hexdigest()
+    url = f"http://127.0.0.1:{ports[0]}/blobs/sha256/{digest}"
+    async with aiohttp.ClientSession() as s:
+        async with s.get(url) as r:
+            assert r.status == 401
+        async with s.get(url, headers={"Authorization": f"Bearer {no_audience}"}) as r:
+            assert r.status == 403
+        async with s.get(url, headers={"Authorization": f"Bearer {token.read_text()}", "Range": "bytes=0-9"}) as r:
+            assert r.status == 206 and await r.read() == files["model.safetensors"][:10]
+    for agent in (seed, liar, b, c, off):
+        await kube.delete_model(CBM, model_of(agent))
