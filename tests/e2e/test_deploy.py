@@ -555,6 +555,15 @@ async def test_admission_policy_confines_the_agent_to_its_own_nodes_model_labels
         # Annotations and the spec: refused.
         exc = await denial(agent, NODE, {"metadata": {"annotations": {"x": "y"}}})
         assert exc is not None and exc.status == 403 and "annotations" in exc.message, exc
+        # ... but the peer address (model_agent.peers), its one annotation, on its own Node: accepted.
+        assert (
+            await denial(agent, NODE, {"metadata": {"annotations": {"models.ome.io/peer-address": "10.0.0.1:8090"}}})
+            is None
+        )
+        exc = await denial(
+            agent, OTHER_NODE, {"metadata": {"annotations": {"models.ome.io/peer-address": "10.0.0.1:1"}}}
+        )
+        assert exc is not None and exc.status == 403, exc
         exc = await denial(agent, NODE, {"spec": {"unschedulable": True}})
         assert exc is not None and exc.status == 403 and "spec" in exc.message, exc
 

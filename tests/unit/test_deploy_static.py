@@ -201,6 +201,7 @@ def test_cluster_role_grants_exactly_the_cluster_wide_api_use() -> None:
         ("ome.io", "clusterbasemodels"): {"get", "list", "watch", "patch"},
         ("", "nodes"): {"get", "list", "watch", "patch"},
         ("", "events"): {"create", "patch"},
+        ("authentication.k8s.io", "tokenreviews"): {"create"},  # the peer server checks peer tokens
     }
 
 
