@@ -40,7 +40,7 @@ def test_wheel_contains_the_product_and_nothing_of_the_test_bed(tmp_path: Path) 
     top = {name.split("/", 1)[0] for name in names}
     assert top == {"model_agent", "model_agent-0.1.0.dist-info"}, top
     packages = {name.split("/")[1] for name in names if name.startswith("model_agent/") and name.count("/") > 1}
-    assert packages == {"agent", "cli", "kube", "local", "model", "ops", "sources", "transfer"}, packages
+    assert packages == {"agent", "cli", "kube", "local", "model", "ops", "peers", "sources", "transfer"}, packages
     for forbidden in ("testbed", "devenv", "demo", "tests/", "conftest", "faultproxy", "countingproxy"):
         assert not [name for name in names if forbidden in name], forbidden
     cli = sorted(Path(name).stem for name in names if name.startswith("model_agent/cli/"))
