@@ -54,6 +54,21 @@ class HealthSources:
     api_fresh_s: float = 30.0
 
 
+async def serve(app: web.Application, host: str, port: int) -> tuple[web.AppRunner, int]:
+    """Start ``app`` listening on ``host:port`` (port 0: any) without an access log; the runner and the bound port.
+
+    The agent's two listeners (these endpoints and the peer server) start the same way.
+    """
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, host, port)
+    await site.start()
+    server = getattr(site, "_server", None)
+    if port == 0 and server is not None and server.sockets:
+        port = server.sockets[0].getsockname()[1]
+    return runner, port
+
+
 class HealthServer:
     def __init__(self, sources: HealthSources, host: str, port: int) -> None:
         self.s = sources
@@ -75,10 +90,7 @@ class HealthServer:
         return app
 
     async def start(self) -> None:
-        self._runner = web.AppRunner(self.app(), access_log=None)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, self.host, self.port)
-        await site.start()
+        self._runner, self.port = await serve(self.app(), self.host, self.port)
 
     async def stop(self) -> None:
         if self._runner is not None:

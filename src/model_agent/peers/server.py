@@ -32,6 +32,7 @@ import structlog
 from aiohttp import web
 
 from model_agent.local.manifest import Manifest
+from model_agent.ops.http import serve
 from model_agent.peers.auth import TokenReviewer
 
 log = structlog.get_logger(__name__)
@@ -185,13 +186,7 @@ class PeerServer:
 
     async def start(self) -> None:
         """Listen on ``host:port`` (port 0: any; the bound port is then in ``self.port``)."""
-        self._runner = web.AppRunner(self.app(), access_log=None)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, self.host, self.port)
-        await site.start()
-        server = getattr(site, "_server", None)
-        if self.port == 0 and server is not None and server.sockets:
-            self.port = server.sockets[0].getsockname()[1]
+        self._runner, self.port = await serve(self.app(), self.host, self.port)
         log.info("peer server listening", host=self.host, port=self.port)
 
     async def stop(self) -> None:
