@@ -7,6 +7,9 @@ import os
 from pathlib import Path
 from typing import Any
 
+import pytest
+
+from model_agent.agent.settings import Settings
 from model_agent.kube.client import ApiUnavailable
 from model_agent.model.keys import node_label_key
 from model_agent.peers import PEER_ADDRESS_ANNOTATION, PeerConfig
@@ -108,8 +111,13 @@ def test_bans_expire_and_count() -> None:
     assert bans.total == 1 and seen == ["a"]
 
 
-def test_config_from_the_environment() -> None:
-    assert not PeerConfig.from_env({}).enabled
-    config = PeerConfig.from_env({"MODEL_AGENT_PEER_ENABLED": "true", "MODEL_AGENT_PEER_PORT": "9000"})
-    assert config.enabled and config.port == 9000
+def test_config_from_flags_and_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in [k for k in os.environ if k.startswith("MODEL_AGENT_PEER_")]:
+        monkeypatch.delenv(name)
+    assert not Settings(NODE_NAME="n").peer_config().enabled
+    monkeypatch.setenv("MODEL_AGENT_PEER_ENABLED", "true")
+    monkeypatch.setenv("MODEL_AGENT_PEER_PORT", "9000")
+    config = Settings(NODE_NAME="n").peer_config()
+    assert config.enabled and config.port == 9000 and config.ban_s == 600
+    assert Settings(NODE_NAME="n", peer_ban_seconds=5).peer_config().ban_s == 5  # a flag
     assert PeerConfig(advertise_address="h:1").advertised() == "h:1"

@@ -19,6 +19,9 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from model_agent.agent.download_limits import DownloadLimits
 from model_agent.local.capacity import parse_size
+from model_agent.peers import DEFAULT_AUDIENCE as DEFAULT_PEER_AUDIENCE
+from model_agent.peers import DEFAULT_PORT as DEFAULT_PEER_PORT
+from model_agent.peers import PeerConfig
 from model_agent.sources.egress import TenancyPolicy
 from model_agent.transfer import RangedConfig
 
@@ -77,6 +80,18 @@ class Settings(BaseSettings):
     # the models root is mounted on many nodes: one fetch for all, no node removes files others serve
     shared_root: bool = False
 
+    # node-to-node distribution (model_agent.peers): off unless asked (OME's flags unchanged); the chart turns it on
+    peer_enabled: bool = False
+    peer_port: int = DEFAULT_PEER_PORT
+    peer_bind_address: str = "0.0.0.0"
+    peer_advertise_address: str = ""  # host:port other nodes use; "" -> POD_IP and peer_port
+    peer_token_file: str = ""  # projected ServiceAccount token for peer_audience, re-read when it changes
+    peer_audience: str = DEFAULT_PEER_AUDIENCE
+    peer_allowed_username: str = ""  # "" -> system:serviceaccount:<namespace>:model-agent
+    peer_upload_rate: float = 0.0  # bytes/s to all peers together; 0: no cap
+    peer_max_per_peer: int = 32  # requests in flight per peer address; more get 429
+    peer_ban_seconds: float = 600.0
+
     # drift and load
     resync_interval_s: float = 300.0
     verify_interval_s: float = 86400.0
@@ -107,6 +122,21 @@ class Settings(BaseSettings):
                 return json.loads(text)
             return [part.strip() for part in text.split(",") if part.strip()]
         return value
+
+    def peer_config(self) -> PeerConfig:
+        """The peer distribution settings (``--peer-*`` flags, ``MODEL_AGENT_PEER_*`` environment)."""
+        return PeerConfig(
+            enabled=self.peer_enabled,
+            port=self.peer_port,
+            bind_address=self.peer_bind_address,
+            advertise_address=self.peer_advertise_address,
+            token_file=self.peer_token_file,
+            audience=self.peer_audience,
+            allowed_username=self.peer_allowed_username,
+            upload_rate=self.peer_upload_rate,
+            max_per_peer=self.peer_max_per_peer,
+            ban_s=self.peer_ban_seconds,
+        )
 
     def tenancy_policy(self) -> TenancyPolicy:
         """The tenancy rules from these settings; ValueError for a malformed pattern or range."""

@@ -46,7 +46,6 @@ from model_agent.model.selection import INSTANCE_TYPE_MAP_ENV, parse_instance_ty
 from model_agent.model.uris import StorageType
 from model_agent.ops.events import EventRecorder
 from model_agent.ops.metrics import Metrics
-from model_agent.peers import PeerConfig
 from model_agent.peers.service import PeerService
 from model_agent.sources.cloud import CloudSource
 from model_agent.sources.hf import HuggingFaceSource
@@ -172,7 +171,7 @@ class Wiring:
         )
         ranged = settings.ranged_config()
         # Node-to-node distribution (model_agent.peers): off unless configured; the chart turns it on.
-        peer_config = PeerConfig.from_env()
+        peer_config = settings.peer_config()
         self.peers = (
             PeerService(
                 peer_config,

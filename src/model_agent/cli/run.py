@@ -120,6 +120,28 @@ def run(
     max_failed_per_namespace: Annotated[
         int | None, Opt(help="Failed models of one namespace shown (entry + label) on this node (50; 0: no cap).")
     ] = None,
+    peer_enabled: Annotated[
+        bool | None, Opt(help="Serve Ready files to other nodes and fetch from them first (default off).")
+    ] = None,
+    peer_port: Annotated[int | None, Opt(help="Port of the peer server (default 8090).")] = None,
+    peer_bind_address: Annotated[str | None, Opt(help="Address the peer server listens on (0.0.0.0).")] = None,
+    peer_advertise_address: Annotated[
+        str | None, Opt(help="host:port other nodes reach this one at (default POD_IP and --peer-port).")
+    ] = None,
+    peer_token_file: Annotated[
+        str | None, Opt(help="Projected ServiceAccount token for the peer audience, re-read when rotated.")
+    ] = None,
+    peer_audience: Annotated[str | None, Opt(help="Token audience peers must present (model-agent-peer).")] = None,
+    peer_allowed_username: Annotated[
+        str | None, Opt(help="Identity peers must be (default system:serviceaccount:<namespace>:model-agent).")
+    ] = None,
+    peer_upload_rate: Annotated[
+        float | None, Opt(help="Bytes/s this node serves to all peers together (0: no cap).")
+    ] = None,
+    peer_max_per_peer: Annotated[int | None, Opt(help="Requests in flight per peer; more get 429 (32).")] = None,
+    peer_ban_seconds: Annotated[
+        float | None, Opt(help="How long a peer whose bytes failed verification is not asked (600).")
+    ] = None,
 ) -> None:
     """Run the node agent: watch models, fetch weights, label the Node, keep the ConfigMap."""
     given: dict[str, Any] = {
@@ -163,6 +185,16 @@ def run(
         "tenant_address_allow": tenant_address_allow,
         "max_failed_per_namespace": max_failed_per_namespace,
         "tenant_local_allow": tenant_local_allow,
+        "peer_enabled": peer_enabled,
+        "peer_port": peer_port,
+        "peer_bind_address": peer_bind_address,
+        "peer_advertise_address": peer_advertise_address,
+        "peer_token_file": peer_token_file,
+        "peer_audience": peer_audience,
+        "peer_allowed_username": peer_allowed_username,
+        "peer_upload_rate": peer_upload_rate,
+        "peer_max_per_peer": peer_max_per_peer,
+        "peer_ban_seconds": peer_ban_seconds,
     }
     kwargs = {k: v for k, v in given.items() if v is not None}
     if not os.environ.get("NODE_NAME") and node_name:

@@ -29,7 +29,6 @@ Guarantees:
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
 from dataclasses import dataclass
 
 PEER_ADDRESS_ANNOTATION = "models.ome.io/peer-address"
@@ -39,7 +38,8 @@ DEFAULT_PORT = 8090
 
 @dataclass(frozen=True)
 class PeerConfig:
-    """Peer distribution settings of one agent (flags ``--peer-*``; environment ``MODEL_AGENT_PEER_*``)."""
+    """Peer distribution settings of one agent (from ``Settings.peer_config``: flags ``--peer-*``, environment
+    ``MODEL_AGENT_PEER_*``)."""
 
     enabled: bool = False
     port: int = DEFAULT_PORT
@@ -51,27 +51,6 @@ class PeerConfig:
     upload_rate: float = 0.0  # bytes/s served to all peers together; 0: no cap
     max_per_peer: int = 32  # requests in flight per peer address; more get 429
     ban_s: float = 600.0
-
-    @classmethod
-    def from_env(cls, env: Mapping[str, str] | None = None) -> PeerConfig:
-        """The settings from ``MODEL_AGENT_PEER_*`` variables (defaults where unset)."""
-        e = os.environ if env is None else env
-
-        def get(name: str, default: str) -> str:
-            return e.get(f"MODEL_AGENT_PEER_{name}", default)
-
-        return cls(
-            enabled=get("ENABLED", "false").lower() in ("1", "true", "yes"),
-            port=int(get("PORT", str(DEFAULT_PORT))),
-            bind_address=get("BIND_ADDRESS", "0.0.0.0"),
-            advertise_address=get("ADVERTISE_ADDRESS", ""),
-            token_file=get("TOKEN_FILE", ""),
-            audience=get("AUDIENCE", DEFAULT_AUDIENCE),
-            allowed_username=get("ALLOWED_USERNAME", ""),
-            upload_rate=float(get("UPLOAD_RATE", "0")),
-            max_per_peer=int(get("MAX_PER_PEER", "32")),
-            ban_s=float(get("BAN_SECONDS", "600")),
-        )
 
     def advertised(self) -> str:
         """The address written on this node's Node object."""
