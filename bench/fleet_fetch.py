@@ -333,6 +333,9 @@ async def run(args: argparse.Namespace) -> None:
                 if mode == "c" and not peers:
                     doc["cells"].append({"mode": "c", "agents": n, "skipped": "no --peer flags in model-agent run yet"})
                     continue
+                if mode in ("a", "b") and n > args.max_origin_agents:
+                    doc["cells"].append({"mode": mode, "agents": n, "skipped": "above --max-origin-agents (time box)"})
+                    continue
                 if mode == "c":
                     doc["cells"].append({"mode": "c", "agents": n, "skipped": "peer flags exist; mode not wired yet"})
                     continue
@@ -362,6 +365,7 @@ def main() -> None:
     r.add_argument("--files", type=int, default=4)
     r.add_argument("--node-cap", type=float, default=25.0, help="MiB/s each way per node")
     r.add_argument("--origin-cap", type=float, default=15.0, help="MiB/s the host sends into all namespaces")
+    r.add_argument("--max-origin-agents", type=int, default=16, help="largest N measured for modes a and b")
     r.add_argument("--timeout", type=float, default=900.0)
     r.add_argument("--work-dir", default=None)
     sub.add_parser("cleanup", help="remove every namespace, veth and bridge a crashed run left")
