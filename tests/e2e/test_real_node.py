@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import ssl
 import subprocess
 import time
@@ -464,12 +465,28 @@ async def test_oom_killed_agent_comes_back_and_converges(bed: Bed, admin: KubeCl
     allocates past it; the memcg OOM killer picks the largest task (the agent). The runtime reports
     OOMKilled, the kubelet restarts the container, the agent converges with every label still Ready."""
     kube = Kube(admin)
-    keys = [node_label_key(CBM, "", models.local), node_label_key(CBM, "", models.hf)]
+    # 198 more local:// models (a config.json each), so the steady state is measured with 200 models.
+    extra = [f"mem-{i:03d}" for i in range(198)]
+    for name in extra:
+        weights = bed.node.models_root / "local" / name
+        weights.mkdir(parents=True, exist_ok=True)
+        (weights / "config.json").write_bytes(tiny_llama(3)["config.json"])
+        await kube.apply(cbm(name, f"local://{weights}", str(weights)))
+    keys = [node_label_key(CBM, "", name) for name in (models.local, models.hf, *extra)]
+
+    async def all_ready() -> bool:
+        labels = await kube.node_labels(bed.node.name)
+        return all(labels.get(k) == "Ready" for k in keys)
+
+    await eventually(all_ready, timeout=120, what="200 models Ready on the node", interval=0.5)
     pod = await ready_pod(admin)
     restarts = pod["status"]["containerStatuses"][0]["restartCount"]
     cgroup = container_memory_cgroup(pod)
     usage = int((cgroup / "memory.usage_in_bytes").read_text())
-    print(f"agent container memory at steady state with 2 models: {usage >> 20} MiB")
+    found = re.search(r"^total_rss (\d+)$", (cgroup / "memory.stat").read_text(), re.M)
+    assert found, "no total_rss in the container's memory.stat"
+    rss = int(found.group(1))
+    print(f"agent container memory at steady state with 200 models: usage {usage >> 20} MiB, rss {rss >> 20} MiB")
     (cgroup / "memory.limit_in_bytes").write_text(str(usage + (16 << 20)))
     container_id = pod["status"]["containerStatuses"][0]["containerID"].split("://", 1)[1]
     ctr = ["ctr", "--address", str(bed.node.containerd.socket), "-n", "k8s.io", "tasks", "exec"]
