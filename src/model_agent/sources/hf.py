@@ -51,6 +51,7 @@ from urllib.parse import urljoin, urlsplit
 from model_agent.local.capacity import REGISTRY, Reservation, is_disk_full
 from model_agent.local.manifest import FileRecord, file_digest
 from model_agent.model.uris import parse_hf_uri
+from model_agent.sources import egress
 from model_agent.sources.base import FetchRequest, FetchResult, Progress, ResolveRecords, SourceError, SourceRules
 from model_agent.transfer import (
     Downloaded,
@@ -268,6 +269,10 @@ class HuggingFaceSource:
             return with_token if urlsplit(url).netloc == endpoint_host else headers
 
         gate = asyncio.Semaphore(MAX_PARALLEL_FILES)
+        # Peers hold what the platform fetched, gated repos included: only a trusted owner (a ClusterBaseModel, a
+        # --trusted-namespace BaseModel: who may use the platform's HF_TOKEN) may take bytes from them, or a tenant
+        # who knows a digest would get weights its own credentials cannot read.
+        from_peers = egress.is_trusted(request.owner, egress.current())
         async with engine_session(self.ranged) as engine, self._peer_session() as peer_engine:
 
             def on_bytes(n: int) -> None:
@@ -287,7 +292,7 @@ class HuggingFaceSource:
                 async with gate:
                     try:
                         got = None
-                        if self.peers is not None and peer_engine is not None and remote.sha256:
+                        if peer_engine is not None and self.peers is not None and remote.sha256 and from_peers:
                             got = await self.peers.fetch(
                                 peer_engine,
                                 request.storage_uri,
