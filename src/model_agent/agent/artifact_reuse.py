@@ -45,6 +45,7 @@ from typing import Any
 
 import structlog
 
+from model_agent.kube import objects
 from model_agent.local.artifacts import LinkRecords
 from model_agent.local.layout import Layout, PathRefused
 from model_agent.local.manifest import Manifest, ManifestStore
@@ -151,8 +152,7 @@ def child_path(raw: str) -> Path:
 
 def facts_of(raw_obj: dict[str, Any], *, cluster_scoped: bool) -> tuple[SharingFacts, Path | None]:
     """The facts for a raw model object (and its child path, if it has one). Reads only the link's lstat."""
-    meta = raw_obj.get("metadata") or {}
-    annotations = meta.get("annotations") or {}
+    annotations = objects.annotations_of(raw_obj)
     storage = (raw_obj.get("spec") or {}).get("storage") or {}
     uri = str(storage.get("storageUri") or "")
     path = storage.get("path") or ""
@@ -166,8 +166,8 @@ def facts_of(raw_obj: dict[str, Any], *, cluster_scoped: bool) -> tuple[SharingF
         path=path,
         uri_repo=repo,
         uri_revision=revision,
-        annotated_id=str(annotations.get(ANNOTATION_MODEL_ID) or "") if isinstance(annotations, dict) else "",
-        annotated_commit=str(annotations.get(ANNOTATION_COMMIT) or "") if isinstance(annotations, dict) else "",
+        annotated_id=annotations.get(ANNOTATION_MODEL_ID, ""),
+        annotated_commit=annotations.get(ANNOTATION_COMMIT, ""),
         link=link_state(link) if link is not None else LinkState.ABSENT,
     )
     return facts, link

@@ -39,6 +39,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any, Protocol
 
+from model_agent.kube import objects
 from model_agent.local.layout import PathRefused
 from model_agent.local.manifest import Manifest
 from model_agent.model.resources import ModelObject
@@ -311,16 +312,15 @@ def claim_of(kind: str, raw: Mapping[str, Any], gate: PathGate) -> Claim | None:
     None for a source that writes and reads nothing here (vendor, pvc, unsupported types), and for a path
     the layout refuses: a model whose own path is refused holds no directory and blocks no one.
     """
-    meta = raw.get("metadata") or {}
     spec = raw.get("spec") or {}
     storage = spec.get("storage") if isinstance(spec, Mapping) else None
-    if not isinstance(meta, Mapping) or not isinstance(storage, Mapping):
+    if not isinstance(storage, Mapping):
         return None
     uri, path = storage.get("storageUri"), storage.get("path")
     if not isinstance(uri, str) or not (path is None or isinstance(path, str)):
         return None
-    namespace = str(meta.get("namespace") or "") if kind != "ClusterBaseModel" else ""
-    key = f"{kind}/{namespace}/{meta.get('name')}"
+    namespace = objects.namespace(raw) if kind != "ClusterBaseModel" else ""
+    key = f"{kind}/{namespace}/{objects.name(raw)}"
     try:
         stype = storage_type(uri)
         if stype == StorageType.LOCAL and not path:
@@ -345,13 +345,12 @@ def claim_of(kind: str, raw: Mapping[str, Any], gate: PathGate) -> Claim | None:
     except (PathRefused, OSError, ValueError):  # refused (or unresolvable): this model holds no directory
         return None
     paths = (written,) if resolved == written else (written, resolved)
-    created = str(meta.get("creationTimestamp") or "")
+    created = str(objects.meta(raw).get("creationTimestamp") or "")
     return Claim(key, owner_of(namespace, storage), paths, mode, created)
 
 
 def _version(kind: str, raw: Mapping[str, Any]) -> tuple[str, str, str]:
-    meta = raw.get("metadata") or {}
-    return (kind, str(meta.get("namespace") or ""), f"{meta.get('name')}@{meta.get('resourceVersion')}")
+    return (kind, objects.namespace(raw), f"{objects.name(raw)}@{objects.resource_version(raw)}")
 
 
 class ClaimCache:
