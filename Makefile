@@ -45,11 +45,11 @@ unit: $(STAMP)
 test: setup setup-node lint
 	$(BIN)/pytest -q
 
-# The download benchmark against peers (bench/download.py, ~30 min): writes bench/REPORT.md and
+# The download benchmark against peers (python -m bench.download, ~30 min): writes bench/REPORT.md and
 # bench/results/download.jsonl. Installs its Debian tools when run as root.
 bench-download: $(STAMP)
 	$(BIN)/pip install --quiet -e '.[dev,bench]'
-	$(BIN)/python bench/download.py run
+	$(BIN)/python -m bench.download run
 
 clean:
 	rm -rf $(VENV) .venv-olah .pytest_cache .mypy_cache .ruff_cache

@@ -40,7 +40,6 @@ from pathlib import Path
 
 os.environ.setdefault("HF_HUB_DISABLE_XET", "1")
 os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 from model_agent.sources.base import FetchRequest, SourceError, publish
 

@@ -1,6 +1,6 @@
 """The two data paths considered for ``gs://`` / ``az://``, side by side against the local emulators.
 
-Reproduce: ``.venv/bin/python bench/cloud.py [--size-mib 256] [--rounds 2] [--dest /dev/shm] [--part-mib 16]
+Reproduce: ``.venv/bin/python -m bench.cloud [--size-mib 256] [--rounds 2] [--dest /dev/shm] [--part-mib 16]
 [--concurrency 8]``.
 One random object is uploaded to fake-gcs-server and to Azurite; each round fetches it with
 
@@ -23,20 +23,18 @@ import hashlib
 import json
 import os
 import resource
-import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "src"))
+from model_agent.sources.base import FetchRequest
+from model_agent.sources.cloud import CloudSource, settings_for
+from model_agent.transfer import RangedConfig
+from testbed.servers import azurite as az
+from testbed.servers import fakegcs
 
-from model_agent.sources.base import FetchRequest  # noqa: E402
-from model_agent.sources.cloud import CloudSource, settings_for  # noqa: E402
-from model_agent.transfer import RangedConfig  # noqa: E402
-from testbed.servers import azurite as az  # noqa: E402
-from testbed.servers import fakegcs  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 MiB = 1024 * 1024
 

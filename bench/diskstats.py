@@ -5,8 +5,8 @@ every ``--interval`` seconds one line with the write throughput, write requests 
 size, the requests in flight, and the page cache's Dirty and Writeback totals, from ``/proc/diskstats`` and
 ``/proc/meminfo``. Lines with no write traffic and nothing dirty are left out. Runs until interrupted.
 
-    python bench/diskstats.py vda > /tmp/disk.log &
-    python bench/download.py run --rounds 1 --workloads W2 --dests disk --tools agent-hf,rclone --no-ceilings
+    python -m bench.diskstats vda > /tmp/disk.log &
+    python -m bench.download run --rounds 1 --workloads W2 --dests disk --tools agent-hf,rclone --no-ceilings
     kill %1
 """
 

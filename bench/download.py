@@ -1,11 +1,11 @@
 """Download benchmark: the agent against s5cmd, rclone, aria2c, curl, boto3, obstore and `hf download`.
 
-Reproduce everything: ``make bench-download`` (= ``python bench/download.py run``): installs the Debian
+Reproduce everything: ``make bench-download`` (= ``python -m bench.download run``, from the repository root): installs the Debian
 tools when root (nginx-light, aria2, rclone, iperf3, fio), generates and warms the data set, starts one
 nginx origin on loopback, measures the ceilings, runs W1-W6 x destinations x tools for ``--rounds``
 rounds (round-robin, order rotated every round), measures the ceilings again, appends JSON lines to
 ``bench/results/download.jsonl`` and writes ``bench/REPORT.md`` + ``bench/download.png``.
-``python bench/download.py report`` regenerates the report from the JSON lines. ``--smoke`` (or the
+``python -m bench.download report`` regenerates the report from the JSON lines. ``--smoke`` (or the
 ``smoke`` subcommand) is W1 + W4 + W5, 1 round, a 256 MiB file, with its outputs under the work dir: it
 gates CI through tests/e2e/test_download_bench.py.
 
@@ -32,18 +32,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from bench import download_ceilings, download_report
+from bench.download_data import DataFile, DataSet, generate, warm
+from bench.download_measure import Measured, check, run_timed
+from bench.download_origin import NginxOrigin, ensure_debian_packages
+from bench.download_peers import PEERS, Job, Peer, available
+from bench.http_fault_proxy import Faults, HttpFaultProxy
+from model_agent.transfer import RangedConfig
+
 BENCH = Path(__file__).resolve().parent
-sys.path.insert(0, str(BENCH.parent / "src"))
-
-import download_ceilings  # noqa: E402
-import download_report  # noqa: E402
-from download_data import DataFile, DataSet, generate, warm  # noqa: E402
-from download_measure import Measured, check, run_timed  # noqa: E402
-from download_origin import NginxOrigin, ensure_debian_packages  # noqa: E402
-from download_peers import PEERS, Job, Peer, available  # noqa: E402
-from http_fault_proxy import Faults, HttpFaultProxy  # noqa: E402
-
-from model_agent.transfer import RangedConfig  # noqa: E402
 
 MiB = 1024 * 1024
 PEER_PACKAGES = {"aria2c": "aria2", "rclone": "rclone", "iperf3": "iperf3", "fio": "fio"}
@@ -388,7 +385,7 @@ def _measure_all(
             suite["load_end"] = [round(x, 2) for x in os.getloadavg()]
             if args.plot:
                 try:
-                    import plots
+                    from bench import plots
 
                     plots.download(rows, args.plot)
                     suite["plot"] = os.path.relpath(args.plot, args.report.parent)

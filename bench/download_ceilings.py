@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from download_origin import free_port
+from bench.download_origin import free_port
 
 MiB = 1024 * 1024
 

@@ -24,7 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from download_data import DataFile
+from bench.download_data import DataFile
 
 POLL_S = 0.002  # adds at most this much to a wall time
 RUN_TIMEOUT_S = 900.0

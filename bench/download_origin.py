@@ -38,7 +38,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from download_data import BUCKETS, DataSet
+from bench.download_data import BUCKETS, DataSet
 
 HUB_ORG = "bench"
 

@@ -21,11 +21,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from download_data import DataFile
+from bench.download_data import DataFile
 
 BENCH = Path(__file__).resolve().parent
 VENV_BIN = Path(sys.executable).parent
-AGENT_FETCH = BENCH / "agent_fetch.py"
+AGENT_FETCH = "bench.agent_fetch"  # run as a module: the benchmark runs from the repository root
 
 
 @dataclass(frozen=True)
@@ -188,7 +188,7 @@ def _inline(script: str) -> Callable[[Job], Command]:
 
 def _agent(mode: str, *flags: str) -> Callable[[Job], Command]:
     def command(job: Job) -> Command:
-        argv = [sys.executable, str(AGENT_FETCH), mode, "--dest", str(job.out), *flags]
+        argv = [sys.executable, "-m", AGENT_FETCH, mode, "--dest", str(job.out), *flags]
         if mode == "s3":
             argv += ["--endpoint", job.base_url, "--bucket", job.bucket]
         elif mode == "hf":

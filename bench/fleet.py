@@ -1,6 +1,6 @@
 """Fleet benchmark: N agents on one real API server, counting every request they make.
 
-Reproduce: ``.venv/bin/python bench/fleet.py`` (defaults: N in {10, 50, 200}, M in {50, 200}) or
+Reproduce: ``.venv/bin/python -m bench.fleet`` (defaults: N in {10, 50, 200}, M in {50, 200}) or
 ``--agents 10 --models 50`` for one cell. Each cell starts its own control plane; N agents run in this
 process (each with its own Node identity, API client, caches and models root on tmpfs) and talk to the API
 server through the project's fault proxy, which counts requests by verb and resource and injects events.
@@ -33,16 +33,15 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from model_agent.agent.runtime import Agent
+from model_agent.agent.settings import Settings
+from model_agent.kube.client import KubeClient
+from model_agent.kube.resources import CLUSTERBASEMODELS, NODES
+from model_agent.ops import logging as agent_logging
+from testbed.proxies.faultproxy import FaultProxy
+from testbed.servers import controlplane as cp
 
-from model_agent.agent.runtime import Agent  # noqa: E402
-from model_agent.agent.settings import Settings  # noqa: E402
-from model_agent.kube.client import KubeClient  # noqa: E402
-from model_agent.kube.resources import CLUSTERBASEMODELS, NODES  # noqa: E402
-from model_agent.ops import logging as agent_logging  # noqa: E402
-from testbed.proxies.faultproxy import FaultProxy  # noqa: E402
-from testbed.servers import controlplane as cp  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 CBM_PATH = r"/apis/ome\.io/v1beta1/clusterbasemodels$"
 
@@ -316,7 +315,7 @@ def report(results: list[dict[str, Any]]) -> str:
         "",
         "N agents (in one process, each with its own Node, API client and caches) against one real kube-apiserver",
         "+ etcd on the 2-core machine; M `local://` ClusterBaseModels. Requests counted at the project's proxy.",
-        "Reproduce: `.venv/bin/python bench/fleet.py` (raw numbers in `bench/results/fleet.json`).",
+        "Reproduce: `.venv/bin/python -m bench.fleet` (raw numbers in `bench/results/fleet.json`).",
         "",
         "| N | M | start-up s | start-up requests (list / watch / patch / get) | steady req/s | storm: coalesced GET / LIST, s | storm: GET-per-candidate GET / LIST, s | removed | CRD SSA: requests, s |",
         "|---|---|---|---|---|---|---|---|---|",
@@ -346,7 +345,7 @@ def report(results: list[dict[str, Any]]) -> str:
     if origin_json.exists():
         lines += [
             "",
-            "Origin protection (`bench/fleet.py --origin 50`): every node wants one Hugging Face model (8 MiB) at once,",
+            "Origin protection (`python -m bench.fleet --origin 50`): every node wants one Hugging Face model (8 MiB) at once,",
             "served by a real mirror (olah) that records each request's client and duration.",
             "",
             "| agents | origin slots | max nodes fetching at once (at the server) | hub API calls | file requests | seconds |",
@@ -412,7 +411,7 @@ async def main() -> None:
             (out / "fleet.json").write_text(json.dumps(merged, indent=2))
             results_for_report = merged
             (ROOT / "bench" / "FLEET.md").write_text(report(results_for_report))
-            subprocess.run([sys.executable, str(ROOT / "bench" / "plots.py")], check=False)
+            subprocess.run([sys.executable, "-m", "bench.plots"], cwd=ROOT, check=False)
     shutil.rmtree(work, ignore_errors=True)
     os.sync()
 

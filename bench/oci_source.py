@@ -1,6 +1,6 @@
 """What the ``oci://`` source costs beyond moving bytes: SDK import, RSA signing, control-plane requests.
 
-Reproduce: ``PYTHONPATH=src:. .venv/bin/python bench/oci_source.py [--size-mib 256] [--files 4]``.
+Reproduce: ``.venv/bin/python -m bench.oci_source [--size-mib 256] [--files 4]``.
 It starts FakeOciObjectStorage (tests/support/fake_oci.py; the real OCI service cannot run here) with a
 throwaway user-principal key, fetches ``--files`` objects of ``--size-mib`` MiB each with :class:`OciSource`
 into a temporary directory, and prints one JSON line: SDK import time (in a fresh interpreter), time per RSA

@@ -1,6 +1,6 @@
 """Loopback benchmark of the ranged download engine against nginx: throughput, CPU and memory per configuration.
 
-Reproduce: ``.venv/bin/python bench/ranged.py`` (defaults: 2 GiB file, 3 rounds, tmpfs and disk, the grid
+Reproduce: ``.venv/bin/python -m bench.ranged`` (defaults: 2 GiB file, 3 rounds, tmpfs and disk, the grid
 below). Needs ``nginx`` (Debian ``nginx-light``); it is started as a child on a free loopback port with
 ``sendfile on; access_log off; worker_processes 1;`` and a prefix directory in a temporary directory, serving
 one random file warmed into the page cache. Each run is a fresh child process that downloads the file with
@@ -44,6 +44,8 @@ MiB = 1024 * 1024
 CHILD = r"""
 import asyncio, json, os, resource, sys, time
 from pathlib import Path
+# --src: measure the model_agent of another checkout (an older tree, for the A/B rows of RANGED_HISTORY.md);
+# first on the path, so it wins over the installed one.
 sys.path.insert(0, sys.argv[1])
 from model_agent.transfer import Expected, RangedConfig, RangedDownloader
 

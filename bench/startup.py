@@ -1,6 +1,6 @@
 """Start-up and memory benchmark: one agent, N ClusterBaseModels with ``local://`` sources, until every label is Ready.
 
-Reproduce: ``.venv/bin/python bench/startup.py`` (defaults ``--models 1000 --idle-models 200``; builds/starts
+Reproduce: ``.venv/bin/python -m bench.startup`` (defaults ``--models 1000 --idle-models 200``; builds/starts
 its own control plane). Three agent runs against one real kube-apiserver + etcd, each measured from the moment
 the agent process is spawned:
 
@@ -31,13 +31,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from model_agent.kube.client import KubeClient
+from model_agent.kube.resources import CLUSTERBASEMODELS, CONFIGMAPS, NODES
+from testbed.agent_process import AgentProcess
+from testbed.servers.controlplane import ControlPlane, node_manifest
 
-from model_agent.kube.client import KubeClient  # noqa: E402
-from model_agent.kube.resources import CLUSTERBASEMODELS, CONFIGMAPS, NODES  # noqa: E402
-from testbed.agent_process import AgentProcess  # noqa: E402
-from testbed.servers.controlplane import ControlPlane, node_manifest  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 TARGET_SECONDS = 20.0
 TARGET_PEAK_RSS_MIB = 100.0  # issue 21: peak with 1,000 models, below the Go agent's 103 MiB
@@ -260,7 +259,7 @@ def write_report(r: dict[str, Any]) -> None:
         "",
         f"One agent, `local://` ClusterBaseModels, real kube-apiserver + etcd on loopback, "
         f"{r['machine']['cpus']} cores, Python {r['machine']['python']}, agent environment as the chart sets it "
-        f"({env}). Measured {r['measured_at']} with `.venv/bin/python bench/startup.py --models {n} "
+        f"({env}). Measured {r['measured_at']} with `.venv/bin/python -m bench.startup --models {n} "
         f"--idle-models {n_idle}`.",
         "",
         "## Memory",
@@ -303,7 +302,7 @@ def write_report(r: dict[str, Any]) -> None:
         "",
     ]
     (ROOT / "bench" / "STARTUP.md").write_text("\n".join(lines))
-    subprocess.run([sys.executable, str(ROOT / "bench" / "plots.py")], check=False)
+    subprocess.run([sys.executable, "-m", "bench.plots"], cwd=ROOT, check=False)
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""The download benchmark's smoke mode (bench/download.py) runs end to end against a real nginx origin.
+"""The download benchmark's smoke mode (``python -m bench.download smoke``) runs end to end against a real nginx origin.
 
 It generates a 256 MiB file, starts nginx (installing Debian's nginx-light when missing and running as
 root), runs W1 + W4 + W5 for every installed peer and the agent, and writes its report. What must hold
@@ -36,8 +36,8 @@ def test_smoke_run_catches_a_flipped_byte_and_completes_a_killed_download(tmp_pa
     tmpfs = Path("/dev/shm") / f"model-agent-bench-test-{os.getpid()}"
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
     done = subprocess.run(
-        [sys.executable, str(ROOT / "bench" / "download.py"), "smoke", "--work-dir", str(work), "--tmpfs", str(tmpfs)],
-        cwd=ROOT,
+        [sys.executable, "-m", "bench.download", "smoke", "--work-dir", str(work), "--tmpfs", str(tmpfs)],
+        cwd=ROOT,  # the benchmarks run as modules of the bench package from the repository root
         env=env,
         capture_output=True,
         text=True,
