@@ -14,7 +14,7 @@ small files; W4 SIGKILL once the origin has sent half of the large file (``--kil
 file is small against the ranges in flight, as in the smoke run, see ``main``), then the same command again
 (re-fetched bytes from the proxy's counter); W5 one byte of the large file flipped in transit; W6 ``429``
 with ``Retry-After`` for the first GETs of the large file. W4-W6 run on disk through the fault proxy.
-The module docs of download_data, download_origin, http_fault_proxy, download_peers, download_measure,
+The module docs of download_data, download_origin, testbed.proxies.streamfaultproxy, download_peers, download_measure,
 download_ceilings and download_report say how each part works.
 """
 
@@ -37,8 +37,8 @@ from bench.download_data import DataFile, DataSet, generate, warm
 from bench.download_measure import Measured, check, run_timed
 from bench.download_origin import NginxOrigin, ensure_debian_packages
 from bench.download_peers import PEERS, Job, Peer, available
-from bench.http_fault_proxy import Faults, HttpFaultProxy
 from model_agent.transfer import RangedConfig
+from testbed.proxies.streamfaultproxy import Faults, HttpFaultProxy
 
 BENCH = Path(__file__).resolve().parent
 

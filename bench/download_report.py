@@ -384,7 +384,7 @@ def markdown(suite: Row, runs: list[Row], found: list[Row]) -> str:
         f"- Origin: {suite.get('origin_version')} (`worker_processes 1`, `sendfile on`, `access_log off`) on "
         "127.0.0.1 serving plain HTTP, path-style S3 (pre-built ListObjectsV2, `x-amz-checksum-sha256` on HEAD) "
         "and a Hub-shaped API (revision/tree JSON, `resolve` with `X-Repo-Commit`, `X-Linked-Etag` = sha256). "
-        "W4-W6 go through a Python fault proxy (bench/http_fault_proxy.py) in front of it.",
+        "W4-W6 go through a Python fault proxy (testbed/proxies/streamfaultproxy.py) in front of it.",
         f"- Destinations: tmpfs (`{cfg.get('tmpfs')}`) and disk (`{cfg.get('disk')}`). On disk every run "
         "ends with `sync FILE...` over everything it wrote, inside the timed region, for every tool (tools "
         "that fsync themselves pay a second, cheap fsync).",

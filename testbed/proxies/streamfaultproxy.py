@@ -1,4 +1,4 @@
-"""A byte-level HTTP/1.1 fault proxy between a download client and the nginx origin (W4-W6 of the benchmark).
+"""A byte-level HTTP/1.1 fault proxy between a download client and an origin (W4-W6 of the download benchmark).
 
 Role: forward every request unchanged to the origin and stream the answer back, while counting requests
 and response body bytes, and, when armed, injecting one kind of fault:
@@ -9,22 +9,23 @@ and response body bytes, and, when armed, injecting one kind of fault:
 * ``reply_429``: answer the next K requests matching a path suffix (and method) with ``429`` carrying
   ``Retry-After`` and the Hub's ``RateLimit`` / ``RateLimit-Policy`` headers, without forwarding them.
 
-testbed/proxies/faultproxy.py is a Kubernetes API proxy (it classifies API verbs, edits watches and LIST
-answers, and re-sends through aiohttp), so it does not fit byte streams of several GB; this one is a plain
-asyncio stream pump that understands just enough HTTP (request heads, ``Content-Length``,
-``Content-Range``, keep-alive) to count and to inject. It runs in its own thread and event loop; counters
-are read from the caller's thread.
+Why a third proxy beside :mod:`testbed.proxies.faultproxy` (the Kubernetes API one: verbs, watches, LIST
+edits, re-sent through aiohttp) and :mod:`testbed.proxies.countingproxy` (aiohttp, per-request records):
+a flip or a cut must land on an exact byte of a stream of several GB, so this one is a plain asyncio
+stream pump that understands just enough HTTP (request heads, ``Content-Length``, ``Content-Range``,
+keep-alive) to count and to inject. Its thread and event loop are the test bed's one
+:class:`~testbed.proxies.loop_thread.LoopThread`; counters are read from the caller's thread.
 """
 
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import contextlib
 import re
-import threading
 import time
 from dataclasses import dataclass, field
+
+from testbed.proxies.loop_thread import LoopThread
 
 PUMP_CHUNK = 256 * 1024
 _CONTENT_RANGE = re.compile(rb"bytes (\d+)-(\d+)/(\d+|\*)", re.IGNORECASE)
@@ -32,6 +33,8 @@ _CONTENT_RANGE = re.compile(rb"bytes (\d+)-(\d+)/(\d+|\*)", re.IGNORECASE)
 
 @dataclass
 class RequestSeen:
+    """One request the proxy received, as the client made it, and the status it was answered with."""
+
     at: float  # time.monotonic() when the request head arrived
     method: str
     path: str
@@ -40,6 +43,8 @@ class RequestSeen:
 
 @dataclass
 class Faults:
+    """What to inject into the next run (see the module doc); the default injects nothing."""
+
     flip_suffix: str | None = None
     flip_offset: int = 0
     cut_after: int | None = None
@@ -51,6 +56,8 @@ class Faults:
 
 @dataclass
 class Counters:
+    """What passed through since the last :meth:`HttpFaultProxy.reset`."""
+
     requests: list[RequestSeen] = field(default_factory=list)
     body_bytes: int = 0
     flipped: int = 0
@@ -63,61 +70,36 @@ class Counters:
         return sum(n for path, n in list(self.body_bytes_by_path.items()) if path.endswith(suffix))
 
 
-class HttpFaultProxy:
+class HttpFaultProxy(LoopThread):
+    """The proxy in front of ``upstream_host:upstream_port``; :attr:`faults` arms it, :attr:`counters` reads it."""
+
     def __init__(self, upstream_port: int, upstream_host: str = "127.0.0.1") -> None:
         self.upstream = (upstream_host, upstream_port)
         self.faults = Faults()
         self.counters = Counters()
         self.port = 0
-        self._loop: asyncio.AbstractEventLoop | None = None
         self._server: asyncio.Server | None = None
-        self._thread: threading.Thread | None = None
         self._conns: set[asyncio.StreamWriter] = set()
 
     @property
     def url(self) -> str:
+        """The URL clients use instead of the origin's."""
         return f"http://127.0.0.1:{self.port}"
 
     def reset(self, faults: Faults | None = None) -> None:
+        """Arm ``faults`` (none when omitted) and count the next run from zero."""
         self.faults = faults or Faults()
         self.counters = Counters()
 
     # ------------------------------------------------------------------------------------ lifecycle
 
     def start(self) -> int:
-        ready: concurrent.futures.Future[int] = concurrent.futures.Future()
-
-        def run() -> None:
-            loop = asyncio.new_event_loop()
-            self._loop = loop
-            try:
-                self._server = loop.run_until_complete(asyncio.start_server(self._client, "127.0.0.1", 0))
-                ready.set_result(self._server.sockets[0].getsockname()[1])
-                loop.run_forever()
-            finally:
-                loop.close()
-
-        self._thread = threading.Thread(target=run, name="http-fault-proxy", daemon=True)
-        self._thread.start()
-        self.port = ready.result(timeout=10)
-        return self.port
+        """Start serving in the proxy's own thread and return its port."""
+        return self._start_thread("http-fault-proxy")
 
     def stop(self) -> None:
-        loop = self._loop
-        if loop is None:
-            return
-
-        async def close() -> None:
-            if self._server is not None:
-                self._server.close()
-            for writer in list(self._conns):
-                writer.transport.abort()
-            loop.stop()
-
-        asyncio.run_coroutine_threadsafe(close(), loop)
-        if self._thread is not None:
-            self._thread.join(10)
-        self._loop = None
+        """Stop serving (open client connections are aborted) and join the thread; idempotent."""
+        self._stop_thread()
 
     def __enter__(self) -> HttpFaultProxy:
         self.start()
@@ -125,6 +107,17 @@ class HttpFaultProxy:
 
     def __exit__(self, *_exc: object) -> None:
         self.stop()
+
+    async def _setup(self) -> int:
+        self._server = await asyncio.start_server(self._client, "127.0.0.1", 0)
+        port: int = self._server.sockets[0].getsockname()[1]
+        return port
+
+    async def _cleanup(self) -> None:
+        if self._server is not None:
+            self._server.close()
+        for writer in list(self._conns):
+            writer.transport.abort()
 
     # ------------------------------------------------------------------------------------ pumping
 
