@@ -18,7 +18,7 @@ import errno
 import os
 import shutil
 import stat
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -40,6 +40,12 @@ class Progress:
     completed_bytes: int = 0
     total_files: int = 0
     completed_files: int = 0
+
+    def start_downloading(self, listed_sizes: Collection[int], kept_sizes: Collection[int]) -> None:
+        """Enter the ``downloading`` phase: every listed file in the totals, those kept (already on disk) done."""
+        self.phase = "downloading"
+        self.total_files, self.total_bytes = len(listed_sizes), sum(listed_sizes)
+        self.completed_files, self.completed_bytes = len(kept_sizes), sum(kept_sizes)
 
 
 ProgressFn = Callable[[Progress], None]

@@ -108,10 +108,9 @@ from model_agent.sources.egress import CredentialUse, Guard, credential_for, cur
 from model_agent.sources.listing import ListingBudget
 from model_agent.sources.objects import (
     ObjectGet,
+    ObjectStoreFetch,
     RemoteObject,
     SignedUrls,
-    Transfer,
-    fetch_listed,
     folder_prefix,
     listed_object,
 )
@@ -358,7 +357,7 @@ def classify(
     return SourceError(Reason.SOURCE_ERROR, f"{label}: {message}")
 
 
-class CloudSource:
+class CloudSource(ObjectStoreFetch):
     """The ``gs://`` and ``az://`` source; one instance serves every such model of the agent (stores are cached)."""
 
     rules = SourceRules()  # the Secret of spec.storage.key, when one is named
@@ -489,14 +488,7 @@ class CloudSource:
                 expected = await probe(session, await url(), obj, settings.label(obj.key), follow_redirects=not tenant)
                 return ObjectGet(expected, url)
 
-            return await fetch_listed(
-                request,
-                objects,
-                label=settings.label,
-                capacity=self.capacity,
-                progress=progress,
-                transfer=Transfer(self.ranged, self.max_parallel_files, prepare),
-            )
+            return await self.fetch_objects(request, objects, label=settings.label, progress=progress, prepare=prepare)
 
 
 def _tenant_azure_provider(settings: CloudSettings, config: dict[str, Any]) -> Any:

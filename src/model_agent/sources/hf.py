@@ -223,11 +223,7 @@ class HuggingFaceSource:
                     continue
             to_fetch.append(remote)
 
-        progress.phase = "downloading"
-        progress.total_files = len(remote_files)
-        progress.total_bytes = sum(f.size for f in remote_files)
-        progress.completed_files = len(records)
-        progress.completed_bytes = sum(f.size for f in records)
+        progress.start_downloading([f.size for f in remote_files], [f.size for f in records])
         request.on_progress(progress)
         request.staging.mkdir(parents=True, exist_ok=True)
 

@@ -35,7 +35,7 @@ import contextlib
 import hashlib
 import os
 import time
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -263,11 +263,7 @@ async def fetch_listed(
                 continue
         to_fetch.append(obj)
 
-    progress.phase = "downloading"
-    progress.total_files = len(objects)
-    progress.total_bytes = sum(o.size for o in objects)
-    progress.completed_files = len(records)
-    progress.completed_bytes = sum(r.size for r in records.values())
+    progress.start_downloading([o.size for o in objects], [r.size for r in records.values()])
     request.on_progress(progress)
 
     staging = request.staging
@@ -290,6 +286,31 @@ async def fetch_listed(
     )
 
 
+class ObjectStoreFetch:
+    """What the object-store sources share after their listing: their engine tuning, the disk capacity they
+    reserve from and how many files they fetch at once, handed to :func:`fetch_listed` with the per-object
+    preparation of the store. A source sets the three attributes in its constructor."""
+
+    ranged: RangedConfig
+    capacity: CapacityRegistry
+    max_parallel_files: int
+
+    async def fetch_objects(
+        self,
+        request: FetchRequest,
+        objects: list[RemoteObject],
+        *,
+        label: Callable[[str], str],
+        progress: Progress,
+        prepare: PrepareGet,
+    ) -> FetchResult:
+        """:func:`fetch_listed` with this source's data path."""
+        transfer = Transfer(self.ranged, self.max_parallel_files, prepare)
+        return await fetch_listed(
+            request, objects, label=label, capacity=self.capacity, progress=progress, transfer=transfer
+        )
+
+
 async def download_each(
     objects: list[RemoteObject],
     request: FetchRequest,
@@ -298,51 +319,50 @@ async def download_each(
     label: Callable[[str], str],
     transfer: Transfer,
 ) -> dict[str, FileRecord]:
-    """Fetch every object into staging (at most ``max_parallel_files`` at once) over one session and engine."""
-    guard = guard_for(request.owner)
-    checked = CONNECT_GUARD.set(guard.create_connection if guard is not None else None)
-    try:
-        return await _download_each(objects, request, progress, reservation, label, transfer)
-    finally:
-        CONNECT_GUARD.reset(checked)
+    """Fetch every object into staging (at most ``max_parallel_files`` at once) over one session and engine.
 
-
-async def _download_each(
-    objects: list[RemoteObject],
-    request: FetchRequest,
-    progress: Progress,
-    reservation: Reservation | None,
-    label: Callable[[str], str],
-    transfer: Transfer,
-) -> dict[str, FileRecord]:
+    A tenant's engine connects through its guard: set around the engine made here (its slots are made in this
+    context), whatever made the call.
+    """
     results: dict[str, FileRecord] = {}
     staging = request.staging
     gate = asyncio.Semaphore(transfer.max_parallel_files)
-    async with engine_session(transfer.ranged) as engine:
+    with _connections_guarded_for(request):
+        async with engine_session(transfer.ranged) as engine:
 
-        def on_bytes(n: int) -> None:
-            progress.completed_bytes += n
-            request.on_progress(progress)
-
-        async def each(obj: RemoteObject) -> None:
-            async with gate:
-                get = await transfer.prepare(obj)
-                got = await engine.download(
-                    get.url,
-                    staging / obj.path,
-                    get.expected,
-                    headers=get.headers,
-                    state_path=part_map_path(staging, obj.path),
-                    label=label(obj.key),
-                    on_bytes=on_bytes,
-                    reservation=reservation,
-                )
-                progress.completed_bytes += got.resumed_bytes
-                progress.completed_files += 1
+            def on_bytes(n: int) -> None:
+                progress.completed_bytes += n
                 request.on_progress(progress)
-                results[obj.path] = FileRecord(
-                    path=obj.path, size=get.expected.size, sha256=got.digests["sha256"], etag=get.expected.validator
-                )
 
-        await run_all(each(o) for o in largest_first(objects))
+            async def each(obj: RemoteObject) -> None:
+                async with gate:
+                    get = await transfer.prepare(obj)
+                    got = await engine.download(
+                        get.url,
+                        staging / obj.path,
+                        get.expected,
+                        headers=get.headers,
+                        state_path=part_map_path(staging, obj.path),
+                        label=label(obj.key),
+                        on_bytes=on_bytes,
+                        reservation=reservation,
+                    )
+                    progress.completed_bytes += got.resumed_bytes
+                    progress.completed_files += 1
+                    request.on_progress(progress)
+                    results[obj.path] = FileRecord(
+                        path=obj.path, size=get.expected.size, sha256=got.digests["sha256"], etag=get.expected.validator
+                    )
+
+            await run_all(each(o) for o in largest_first(objects))
     return results
+
+
+@contextlib.contextmanager
+def _connections_guarded_for(request: FetchRequest) -> Iterator[None]:
+    guard = guard_for(request.owner)
+    checked = CONNECT_GUARD.set(guard.create_connection if guard is not None else None)
+    try:
+        yield
+    finally:
+        CONNECT_GUARD.reset(checked)

@@ -88,7 +88,7 @@ from model_agent.model.uris import InvalidStorageUri, parse_oci_uri
 from model_agent.sources.base import FetchRequest, FetchResult, Progress, SourceError, SourceRules
 from model_agent.sources.egress import guard_for, refused
 from model_agent.sources.listing import ListingBudget
-from model_agent.sources.objects import ObjectGet, RemoteObject, Transfer, fetch_listed, listed_object
+from model_agent.sources.objects import ObjectGet, ObjectStoreFetch, RemoteObject, listed_object
 from model_agent.sources.s3 import S3Source
 from model_agent.transfer import Expected, RangedConfig, b64_to_hex
 
@@ -350,7 +350,7 @@ def md5_mismatch(error: SourceError) -> bool:
     return error.reason == Reason.VERIFICATION_FAILED and "md5" in error.message.lower()
 
 
-class OciSource:
+class OciSource(ObjectStoreFetch):
     """The ``oci://`` source; one instance serves every OCI model of the agent (clients are cached)."""
 
     # Node credentials, never a Secret (docs/ome-compatibility.md#101-client), except in S3-compatible mode;
@@ -504,11 +504,4 @@ class OciSource:
             url = client.object_url(settings.namespace, settings.bucket, obj.key)
             return ObjectGet(expected_from_head(dict(head.headers)), signed.url_source(url), signed.headers)
 
-        return await fetch_listed(
-            request,
-            objects,
-            label=settings.label,
-            capacity=self.capacity,
-            progress=progress,
-            transfer=Transfer(self.ranged, self.max_parallel_files, prepare),
-        )
+        return await self.fetch_objects(request, objects, label=settings.label, progress=progress, prepare=prepare)
