@@ -165,17 +165,8 @@ class Remover:
         recorded = candidate.manifest is not None and bool(candidate.manifest.removing)
         if recorded:
             log.info("completing a removal recorded before a restart", key=ref.key, why=candidate.why)
-        decision = ctx.breaker.decide(ref.key, total_models=self._model_count(), settled=recorded)
-        if decision.verdict == Verdict.HELD:
-            ctx.events.emit(
-                self._ref_for_event(ref, candidate, confirmation),
-                WARNING,
-                EventReason.REMOVAL_HELD,
-                f"removal from node {ctx.node_name} held by the delete breaker ({candidate.why})",
-            )
-            raise Requeue("delete breaker open", decision.delay_s)
-        if decision.verdict == Verdict.WAIT:
-            raise Requeue("settling", decision.delay_s)
+        held = f"removal from node {ctx.node_name} held by the delete breaker ({candidate.why})"
+        self._pass_breaker(ref.key, recorded, self._ref_for_event(ref, candidate, confirmation), held, "")
         # A shared root: a deselected node drops only its label and entry; files move once, by one node.
         shared, dest = ctx.shared_roots, candidate.manifest.dest if candidate.manifest is not None else None
         gone = confirmed_gone(confirmation.outcome, confirmation.live, candidate.manifest)
@@ -204,19 +195,13 @@ class Remover:
             if storage.get("storageUri") == manifest.storage_uri and _same_dir(storage, manifest.dest):
                 raise Requeue("cache and server disagree about the spec; waiting for the watch")
         act_key = superseded_key(ref, manifest)
-        decision = ctx.breaker.decide(act_key, total_models=self._model_count(), settled=bool(manifest.removing))
-        if decision.verdict == Verdict.HELD:
-            ctx.events.emit(
-                ObjectRef.of(live)
-                if live is not None
-                else ObjectRef(ref.kind.value, _API, ref.name, ref.namespace, manifest.uid),
-                WARNING,
-                EventReason.REMOVAL_HELD,
-                f"retiring the old copy ({manifest.storage_uri}) on node {ctx.node_name} held by the delete breaker",
-            )
-            raise Requeue("delete breaker open; the old copy stays", decision.delay_s)
-        if decision.verdict == Verdict.WAIT:
-            raise Requeue("settling before the old copy is retired", decision.delay_s)
+        subject = (
+            ObjectRef.of(live)
+            if live is not None
+            else ObjectRef(ref.kind.value, _API, ref.name, ref.namespace, manifest.uid)
+        )
+        held = f"retiring the old copy ({manifest.storage_uri}) on node {ctx.node_name} held by the delete breaker"
+        self._pass_breaker(act_key, bool(manifest.removing), subject, held, "the old copy")
         if not from_fetch:  # called by the new copy's own fetch job, which must not cancel itself
             await ctx.fetcher.cancel(ref.key)
         # The record on disk may already be the new copy's (saved before this was called): never drop that one.
@@ -279,6 +264,17 @@ class Remover:
             return True
         uids = {candidate.uid, manifest.uid if manifest is not None else ""} - {""}
         return any((key, uid) in self._last_reserved for uid in uids)
+
+    def _pass_breaker(self, key: str, settled: bool, subject: ObjectRef, held: str, what: str) -> None:
+        """Ask the delete breaker about removing ``key`` (``what``: ``""`` for the model itself, else the thing
+        retired); while it holds, a Warning ``held`` on ``subject`` and :class:`Requeue`; while it settles,
+        :class:`Requeue` with no Event."""
+        decision = self.ctx.breaker.decide(key, total_models=self._model_count(), settled=settled)
+        if decision.verdict == Verdict.HELD:
+            self.ctx.events.emit(subject, WARNING, EventReason.REMOVAL_HELD, held)
+            raise Requeue(f"delete breaker open; {what} stays" if what else "delete breaker open", decision.delay_s)
+        if decision.verdict == Verdict.WAIT:
+            raise Requeue(f"settling before {what} is retired" if what else "settling", decision.delay_s)
 
     def _model_count(self) -> int:
         return self.ctx.manifests.count()
