@@ -113,6 +113,7 @@ from model_agent.sources.objects import (
     SignedUrls,
     folder_prefix,
     listed_object,
+    status_error,
 )
 from model_agent.transfer import Expected, RangedConfig, b64_to_hex
 
@@ -539,12 +540,5 @@ async def probe(
 
 
 def _probe_error(status: int, label: str) -> SourceError:
-    if status == 404:
-        return SourceError(Reason.OBJECT_NOT_FOUND, f"{label}: not found (HTTP 404; deleted after the listing?)")
-    if status == 401:
-        return SourceError(Reason.UNAUTHORIZED, f"{label}: credentials rejected (HTTP 401)")
-    if status == 403:
-        return SourceError(Reason.ACCESS_DENIED, f"{label}: access denied (HTTP 403)")
-    if status in (429, 503):
-        return SourceError(Reason.RATE_LIMITED, f"{label}: the store asked to slow down (HTTP {status})")
-    return SourceError(Reason.SOURCE_ERROR, f"{label}: unexpected HTTP {status}")
+    known = status_error(status, label, f"HTTP {status}", slow_down=(429, 503))  # Azure says ServerBusy with 503
+    return known or SourceError(Reason.SOURCE_ERROR, f"{label}: unexpected HTTP {status}")

@@ -35,7 +35,7 @@ import contextlib
 import hashlib
 import os
 import time
-from collections.abc import Awaitable, Callable, Iterable, Iterator
+from collections.abc import Awaitable, Callable, Collection, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -125,6 +125,27 @@ def check_paths(objects: Iterable[RemoteObject], label: Callable[[str], str]) ->
             f"{label(by_path[clash[0]])} is both an object and a folder of other objects",
             retryable=False,
         )
+
+
+def status_error(
+    status: int, label: str, detail: str, *, suffix: str = "", slow_down: Collection[int] = (429,)
+) -> SourceError | None:
+    """What a store's HTTP ``status`` alone says about the object ``label``; None for any other status.
+
+    ``detail`` is what the store said (``HTTP 403``, an error code), ``suffix`` follows the message (a request
+    id); ``slow_down`` are the statuses this store uses to ask for fewer requests.
+    """
+    if status == 404:
+        return SourceError(
+            Reason.OBJECT_NOT_FOUND, f"{label}: not found ({detail}; deleted after the listing?){suffix}"
+        )
+    if status == 401:
+        return SourceError(Reason.UNAUTHORIZED, f"{label}: credentials rejected ({detail}){suffix}")
+    if status == 403:
+        return SourceError(Reason.ACCESS_DENIED, f"{label}: access denied ({detail}){suffix}")
+    if status in slow_down:
+        return SourceError(Reason.RATE_LIMITED, f"{label}: the store asked to slow down ({detail}){suffix}")
+    return None
 
 
 def intact(path: Path, old: FileRecord) -> bool:

@@ -88,7 +88,7 @@ from model_agent.model.uris import InvalidStorageUri, parse_oci_uri
 from model_agent.sources.base import FetchRequest, FetchResult, Progress, SourceError, SourceRules
 from model_agent.sources.egress import guard_for, refused
 from model_agent.sources.listing import ListingBudget
-from model_agent.sources.objects import ObjectGet, ObjectStoreFetch, RemoteObject, listed_object
+from model_agent.sources.objects import ObjectGet, ObjectStoreFetch, RemoteObject, listed_object, status_error
 from model_agent.sources.s3 import S3Source
 from model_agent.transfer import Expected, RangedConfig, b64_to_hex
 
@@ -230,14 +230,9 @@ def _classify(exc: BaseException, label: str) -> SourceError:
             )
         if code == "NamespaceNotFound":
             return SourceError(Reason.NAMESPACE_NOT_FOUND, f"{label}: the namespace does not exist{request_id}")
-        if status == 404:
-            return SourceError(Reason.OBJECT_NOT_FOUND, f"{label}: not found (deleted after the listing?){request_id}")
-        if status == 401:
-            return SourceError(Reason.UNAUTHORIZED, f"{label}: credentials rejected ({code}){request_id}")
-        if status == 403:
-            return SourceError(Reason.ACCESS_DENIED, f"{label}: access denied ({code}){request_id}")
-        if status == 429:
-            return SourceError(Reason.RATE_LIMITED, f"{label}: the store asked to slow down{request_id}")
+        known = status_error(status, label, code or f"HTTP {status}", suffix=request_id)
+        if known is not None:
+            return known
         return SourceError(Reason.SOURCE_ERROR, f"{label}: HTTP {status} {code}: {message}{request_id}"[:400])
     if isinstance(exc, ox.ConfigFileNotFound | ox.ProfileNotFound | ox.InvalidConfig | ox.InvalidKeyFilePath):
         return SourceError(Reason.NO_CREDENTIALS, f"{label}: OCI configuration unusable: {str(exc)[:300]}")
