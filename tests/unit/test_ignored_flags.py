@@ -17,7 +17,7 @@ from structlog.testing import capture_logs
 from typer.testing import CliRunner
 
 from model_agent.agent.ignored_flags import IGNORED, ignored_flags, warn_ignored
-from model_agent.agent.settings import Settings
+from model_agent.agent.settings import Settings, flag_name
 from model_agent.cli import run as run_mod
 from model_agent.cli.main import app
 
@@ -49,8 +49,9 @@ def test_the_environment_counts_as_setting_a_flag(monkeypatch: pytest.MonkeyPatc
     assert [(f.flag, f.value) for f in ignored_flags(settings())] == [("--concurrency", 2)]
 
 
-def test_every_ignored_field_is_a_setting() -> None:
+def test_every_ignored_field_is_a_flag_of_run() -> None:
     assert set(IGNORED) <= set(Settings.model_fields)
+    assert [flag_name(field) for field in IGNORED] == ["--download-retry", "--concurrency"]
 
 
 def test_warn_ignored_logs_one_warning_per_flag() -> None:

@@ -4,7 +4,8 @@ Role: a DaemonSet written for OME's agent passes its flags unchanged, so ``model
 one of them; a few have no meaning here because the transfer engine does the same job differently
 (docs/ome-compatibility.md#46-concurrency-and-retries). Silently ignoring a value an operator chose hides
 that it has no effect, so each such flag that is set (on the command line or as ``MODEL_AGENT_<NAME>``) is
-logged once at start-up as a warning saying what governs that behaviour instead.
+logged once at start-up as a warning saying what governs that behaviour instead; ``--help`` and the README's
+flags table (``agent/flags.py``) say so too.
 
 Decisions as data: :func:`ignored_flags` is a pure function from the settings to the list of flags to warn
 about; :func:`warn_ignored` logs them. A flag that is later wired into the engine is removed from
@@ -17,7 +18,7 @@ from dataclasses import dataclass
 
 import structlog
 
-from model_agent.agent.settings import Settings
+from model_agent.agent.settings import Settings, flag_name
 
 log = structlog.get_logger(__name__)
 
@@ -31,17 +32,15 @@ class IgnoredFlag:
     instead: str
 
 
-# Settings field -> (the flag's name, what does that job in this agent).
-IGNORED: dict[str, tuple[str, str]] = {
+# Settings field (its flag's name comes from the field, agent/settings.py) -> what does that job in this agent.
+IGNORED: dict[str, str] = {
     "download_retry": (
-        "--download-retry",
         "the transfer engine retries each part (8 attempts in a row without progress), and a failed model is "
-        "retried with backoff (1 s doubling to 5 min)",
+        "retried with backoff (1 s doubling to 5 min)"
     ),
     "concurrency": (
-        "--concurrency",
         "the engine fetches up to 8 objects (object stores) or 4 files (Hugging Face) of one model at once; "
-        "--multipart-concurrency bounds the ranged parts in flight",
+        "--multipart-concurrency bounds the ranged parts in flight"
     ),
 }
 
@@ -49,8 +48,8 @@ IGNORED: dict[str, tuple[str, str]] = {
 def ignored_flags(settings: Settings) -> list[IgnoredFlag]:
     """The ignored flags the operator set (explicitly: a default is not a choice), in :data:`IGNORED` order."""
     return [
-        IgnoredFlag(flag, getattr(settings, field), instead)
-        for field, (flag, instead) in IGNORED.items()
+        IgnoredFlag(flag_name(field), getattr(settings, field), instead)
+        for field, instead in IGNORED.items()
         if field in settings.model_fields_set
     ]
 
