@@ -26,7 +26,6 @@ import io
 import json
 import os
 import shutil
-import subprocess
 import tarfile
 import tempfile
 import time
@@ -36,6 +35,7 @@ from pathlib import Path
 
 from testbed import oci
 from testbed.servers.controlplane import _noop, cache_root, repo_root
+from testbed.servers.service import last_line, run_step
 
 Echo = Callable[[str], None]
 
@@ -71,18 +71,15 @@ def image_dir() -> Path:
 
 def _run(argv: list[str], what: str, *, cwd: Path | None = None, log: Path | None = None) -> str:
     try:
-        proc = subprocess.run(argv, cwd=cwd, capture_output=True, text=True, timeout=BUILD_TIMEOUT_S, check=False)
+        proc = run_step(argv, what, ImageError, timeout_s=BUILD_TIMEOUT_S, cwd=cwd)
     except FileNotFoundError as exc:
         raise ImageError(f"{argv[0]} is not installed: apt-get install mmdebstrap buildah") from exc
-    except subprocess.TimeoutExpired as exc:
-        raise ImageError(f"{what} took over {BUILD_TIMEOUT_S}s; retry on an idle machine") from exc
     if log is not None:
         log.parent.mkdir(parents=True, exist_ok=True)
         log.write_text(proc.stdout + proc.stderr)
     if proc.returncode != 0:
-        last = (proc.stderr.strip().splitlines() or ["(no output)"])[-1]
         where = f" (full log: {log})" if log else ""
-        raise ImageError(f"{what} failed: {last}{where}")
+        raise ImageError(f"{what} failed: {last_line(proc.stderr)}{where}")
     return proc.stdout
 
 

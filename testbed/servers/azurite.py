@@ -21,7 +21,6 @@ import hashlib
 import hmac
 import shutil
 import signal
-import subprocess
 import time
 import urllib.error
 import urllib.request
@@ -29,7 +28,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from testbed.servers import controlplane as cp
-from testbed.servers.service import LocalProcess, send_create_request
+from testbed.servers.service import LocalProcess, last_line, run_step, send_create_request
 
 AZURITE_VERSION = "3.37.0"
 ACCOUNT = "devstoreaccount1"
@@ -67,25 +66,20 @@ def ensure_azurite(*, echo: cp.Echo = cp._noop) -> Path:
     staging.mkdir(parents=True)
     echo(f"installing azurite {AZURITE_VERSION} with npm")
     started = time.monotonic()
-    proc = subprocess.run(
-        [
-            npm,
-            "install",
-            "--prefix",
-            str(staging),
-            "--no-audit",
-            "--no-fund",
-            "--omit=dev",
-            f"azurite@{AZURITE_VERSION}",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=INSTALL_TIMEOUT_S,
-        check=False,
-    )
+    argv = [
+        npm,
+        "install",
+        "--prefix",
+        str(staging),
+        "--no-audit",
+        "--no-fund",
+        "--omit=dev",
+        f"azurite@{AZURITE_VERSION}",
+    ]
+    what = f"npm install of azurite {AZURITE_VERSION}"
+    proc = run_step(argv, what, AzuriteError, timeout_s=INSTALL_TIMEOUT_S, on_timeout="check the network")
     if proc.returncode != 0:
-        last = (proc.stderr.strip().splitlines() or ["(no output)"])[-1]
-        raise AzuriteError(f"npm install of azurite {AZURITE_VERSION} failed: {last}")
+        raise AzuriteError(f"{what} failed: {last_line(proc.stderr)}")
     shutil.rmtree(install_dir(), ignore_errors=True)
     staging.rename(install_dir())  # complete or absent: a killed install is redone
     echo(f"installed azurite in {time.monotonic() - started:.0f}s")

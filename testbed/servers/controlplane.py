@@ -38,7 +38,7 @@ from model_agent.kube.client import ApiError, ApiUnavailable, KubeClient
 from model_agent.kube.resources import CRDS, NAMESPACES, NODES
 from testbed.ports import free_port
 from testbed.servers import pki as _pki
-from testbed.servers.service import spawn_logged
+from testbed.servers.service import last_line, run_step, spawn_logged
 
 if TYPE_CHECKING:
     from _typeshed import DataclassInstance
@@ -143,23 +143,13 @@ def publish_build(staging: Path, target: Path) -> None:
 def run_go_build(name: str, argv: list[str], *, module: Path, staging: Path) -> None:
     """Run one ``go build`` (``argv``) of ``name`` in ``module``; raise :class:`ControlPlaneError` with the
     last line of its output when it fails, the full output in ``<staging>/<name>.build.log``."""
-    try:
-        proc = subprocess.run(
-            argv,
-            cwd=module,
-            env=go_build_env(),
-            capture_output=True,
-            text=True,
-            timeout=BUILD_TIMEOUT_S,
-            check=False,
-        )
-    except subprocess.TimeoutExpired as exc:
-        raise ControlPlaneError(f"building {name} took over {BUILD_TIMEOUT_S}s; retry on an idle machine") from exc
+    proc = run_step(
+        argv, f"building {name}", ControlPlaneError, timeout_s=BUILD_TIMEOUT_S, cwd=module, env=go_build_env()
+    )
     if proc.returncode != 0:
         log = staging / f"{name}.build.log"
         log.write_text(proc.stdout + proc.stderr)
-        last = (proc.stderr.strip().splitlines() or ["(no output)"])[-1]
-        raise ControlPlaneError(f"go build of {name} failed: {last} (full log: {log})")
+        raise ControlPlaneError(f"go build of {name} failed: {last_line(proc.stderr)} (full log: {log})")
 
 
 def build(*, force: bool = False, echo: Echo = _noop) -> Binaries:
@@ -230,17 +220,10 @@ def go_install(package: str, version: str, target: Path, *, echo: Echo = _noop) 
     env = dict(os.environ, CGO_ENABLED="0", GOTOOLCHAIN="local", GOBIN=str(target.parent))
     echo(f"building {name} {version} from its Go module")
     started = time.monotonic()
-    proc = subprocess.run(
-        [go, "install", "-trimpath", "-ldflags", "-s -w", f"{package}@{version}"],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=BUILD_TIMEOUT_S,
-        check=False,
-    )
+    argv = [go, "install", "-trimpath", "-ldflags", "-s -w", f"{package}@{version}"]
+    proc = run_step(argv, f"building {name}", ControlPlaneError, timeout_s=BUILD_TIMEOUT_S, env=env)
     if proc.returncode != 0:
-        last = (proc.stderr.strip().splitlines() or ["(no output)"])[-1]
-        raise ControlPlaneError(f"go install of {name} {version} failed: {last}")
+        raise ControlPlaneError(f"go install of {name} {version} failed: {last_line(proc.stderr)}")
     echo(f"built {name} in {time.monotonic() - started:.0f}s")
     return target
 

@@ -63,7 +63,7 @@ from aiohttp import web
 
 from testbed.ports import free_port
 from testbed.proxies.countingproxy import CountingProxy, ServedRequest
-from testbed.servers.service import ManagedService, stop_process, wait_until_answering
+from testbed.servers.service import ManagedService, run_step, stop_process, wait_until_answering
 
 OLAH_VERSION = "0.5.4"
 OLAH_REQUIREMENT = f"olah=={OLAH_VERSION}"
@@ -125,18 +125,11 @@ def ensure_olah(venv_dir: Path) -> Path:
         )
         if made.returncode != 0:
             raise OlahError(f"cannot create the olah venv {venv_dir}: {_one_line(made.stderr or made.stdout)}")
-    try:
-        pip = subprocess.run(
-            [str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check", OLAH_REQUIREMENT],
-            capture_output=True,
-            text=True,
-            check=False,
-            timeout=PIP_TIMEOUT_S,
-        )
-    except subprocess.TimeoutExpired as exc:
-        raise OlahError(f"pip install {OLAH_REQUIREMENT} into {venv_dir} timed out; check the network") from exc
+    argv = [str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check", OLAH_REQUIREMENT]
+    what = f"pip install {OLAH_REQUIREMENT} into {venv_dir}"
+    pip = run_step(argv, what, OlahError, timeout_s=PIP_TIMEOUT_S, on_timeout="check the network")
     if pip.returncode != 0 or not _olah_installed(venv_dir):
-        raise OlahError(f"pip install {OLAH_REQUIREMENT} into {venv_dir} failed: {_one_line(pip.stderr or pip.stdout)}")
+        raise OlahError(f"{what} failed: {_one_line(pip.stderr or pip.stdout)}")
     return cli
 
 

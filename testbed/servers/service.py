@@ -108,6 +108,32 @@ def stop_process(proc: subprocess.Popen[bytes] | None, sig: int = signal.SIGTERM
             proc.wait(timeout=timeout)
 
 
+def run_step(
+    argv: list[str],
+    what: str,
+    error: type[Exception],
+    *,
+    timeout_s: float,
+    on_timeout: str = "retry on an idle machine",
+    cwd: Path | None = None,
+    env: dict[str, str] | None = None,
+) -> subprocess.CompletedProcess[str]:
+    """Run one build or install step of the test bed to its end, output captured, and return it (any status).
+
+    A step that outlives ``timeout_s`` raises ``error`` with one line a person can act on: ``{what} took over
+    {timeout_s}s; {on_timeout}``. The caller judges the exit status (with :func:`last_line` for the message).
+    """
+    try:
+        return subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout_s, check=False)
+    except subprocess.TimeoutExpired as exc:
+        raise error(f"{what} took over {timeout_s}s; {on_timeout}") from exc
+
+
+def last_line(output: str) -> str:
+    """The last line of a tool's output, what a one-line error quotes; ``(no output)`` when there is none."""
+    return (output.strip().splitlines() or ["(no output)"])[-1]
+
+
 def spawn_logged(argv: list[str], *, cwd: Path, log_path: Path, env: dict[str, str] | None = None) -> int:
     """Start ``argv`` in ``cwd`` with its output appended to ``log_path``; return its pid, not waiting for it.
 
