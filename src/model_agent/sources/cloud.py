@@ -102,7 +102,7 @@ import aiohttp
 
 from model_agent.local.capacity import REGISTRY, CapacityRegistry
 from model_agent.model.reasons import Reason
-from model_agent.model.uris import InvalidStorageUri, parse_azure_uri, parse_gcs_uri
+from model_agent.model.uris import parse_azure_uri, parse_gcs_uri
 from model_agent.sources.base import FetchRequest, FetchResult, Progress, SourceError, SourceRules
 from model_agent.sources.egress import CredentialUse, Guard, credential_for, current, guard_for, refused
 from model_agent.sources.listing import ListingBudget
@@ -113,6 +113,7 @@ from model_agent.sources.objects import (
     SignedUrls,
     folder_prefix,
     listed_object,
+    parsed_uri,
     status_error,
 )
 from model_agent.transfer import Expected, RangedConfig, b64_to_hex
@@ -209,18 +210,14 @@ def azure_credentials(data: Mapping[str, str] | None) -> dict[str, str]:
 
 def settings_for(request: FetchRequest) -> CloudSettings:
     """Where and how one ``gs://`` or ``az://`` fetch reads, or a SourceError."""
-    uri = request.storage_uri
-    try:
-        if uri.startswith("gs://"):
-            gcs = parse_gcs_uri(uri)
-            scheme, account, bucket, prefix = GCS, "", gcs.bucket, gcs.object
-            default_endpoint = "https://storage.googleapis.com"
-        else:
-            az = parse_azure_uri(uri)
-            scheme, account, bucket, prefix = AZURE, az.account, az.container, az.blob_path
-            default_endpoint = f"https://{account}.blob.core.windows.net"
-    except InvalidStorageUri as exc:
-        raise SourceError(Reason.INVALID_STORAGE_URI, str(exc), retryable=False) from None
+    if request.storage_uri.startswith("gs://"):
+        gcs = parsed_uri(parse_gcs_uri, request)
+        scheme, account, bucket, prefix = GCS, "", gcs.bucket, gcs.object
+        default_endpoint = "https://storage.googleapis.com"
+    else:
+        az = parsed_uri(parse_azure_uri, request)
+        scheme, account, bucket, prefix = AZURE, az.account, az.container, az.blob_path
+        default_endpoint = f"https://{account}.blob.core.windows.net"
     params = request.parameters
     endpoint = (params.get(PARAM_ENDPOINT) or "").strip().rstrip("/")
     if endpoint and not re.fullmatch(r"https?://[^/\s?#]+(/[^\s?#]*)?", endpoint):

@@ -38,10 +38,12 @@ import time
 from collections.abc import Awaitable, Callable, Collection, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 from model_agent.local.capacity import CapacityRegistry, Reservation, allocated_bytes
 from model_agent.local.manifest import FileRecord
 from model_agent.model.reasons import Reason
+from model_agent.model.uris import InvalidStorageUri
 from model_agent.sources.base import FetchRequest, FetchResult, Progress, SourceError
 from model_agent.sources.egress import guard_for
 from model_agent.transfer import (
@@ -67,6 +69,17 @@ class RemoteObject:
     size: int
     etag: str  # as the store sends it (S3: quotes included)
     md5: str | None = None  # lowercase hex MD5 of the whole object, when the listing tells it
+
+
+_Uri = TypeVar("_Uri")
+
+
+def parsed_uri(parse: Callable[[str], _Uri], request: FetchRequest) -> _Uri:
+    """``parse(request.storage_uri)``; a malformed URI is the model's ``InvalidStorageUri``, not retried."""
+    try:
+        return parse(request.storage_uri)
+    except InvalidStorageUri as exc:
+        raise SourceError(Reason.INVALID_STORAGE_URI, str(exc), retryable=False) from None
 
 
 def folder_prefix(prefix: str) -> str:

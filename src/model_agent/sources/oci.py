@@ -84,11 +84,18 @@ from urllib.parse import quote
 
 from model_agent.local.capacity import REGISTRY, CapacityRegistry
 from model_agent.model.reasons import Reason
-from model_agent.model.uris import InvalidStorageUri, parse_oci_uri
+from model_agent.model.uris import parse_oci_uri
 from model_agent.sources.base import FetchRequest, FetchResult, Progress, SourceError, SourceRules
 from model_agent.sources.egress import guard_for, refused
 from model_agent.sources.listing import ListingBudget
-from model_agent.sources.objects import ObjectGet, ObjectStoreFetch, RemoteObject, listed_object, status_error
+from model_agent.sources.objects import (
+    ObjectGet,
+    ObjectStoreFetch,
+    RemoteObject,
+    listed_object,
+    parsed_uri,
+    status_error,
+)
 from model_agent.sources.s3 import S3Source
 from model_agent.transfer import Expected, RangedConfig, b64_to_hex
 
@@ -133,10 +140,7 @@ def uses_storage_secret(parameters: Mapping[str, str]) -> bool:
 
 def settings_for(request: FetchRequest) -> OciSettings:
     """Namespace, bucket, prefix, region, endpoint and auth type of one fetch, or a SourceError."""
-    try:
-        uri = parse_oci_uri(request.storage_uri)
-    except InvalidStorageUri as exc:
-        raise SourceError(Reason.INVALID_STORAGE_URI, str(exc), retryable=False) from None
+    uri = parsed_uri(parse_oci_uri, request)
     params = request.parameters
     auth = (params.get(PARAM_AUTH) or "").strip() or DEFAULT_AUTH
     if auth not in AUTH_TYPES:
