@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import json
 import re
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -18,7 +19,7 @@ import pytest
 from aiohttp import web
 
 from model_agent.kube.client import ApiError
-from model_agent.model.keys import node_label_key
+from model_agent.model.keys import configmap_key, node_label_key
 from model_agent.peers import DEFAULT_AUDIENCE
 from testbed.agent_process import AgentProcess
 from testbed.models import tiny_llama
@@ -120,6 +121,17 @@ def origin_bytes(olah: OlahServer, repo: str) -> dict[str, int]:
     return by_node
 
 
+async def bytes_by_source(kube: Kube, agent: AgentProcess, name: str) -> dict[str, int]:
+    """Where the node's copy of ``name`` came from, as its ConfigMap entry says; ``/status`` must say the same."""
+    entry = await kube.entry(agent.node, configmap_key(CBM, "", name)) or {}
+    recorded: dict[str, int] = entry.get("bytesBySource") or {}
+    code, body = agent.http("/status")
+    assert code == 200, body
+    rows = [m for m in json.loads(body)["models"] if m["name"] == name]
+    assert rows and rows[0]["bytesBySource"] == recorded, (rows, recorded)
+    return recorded
+
+
 def on_disk(root: Path, files: dict[str, bytes]) -> bool:
     """Whether every file of the model is under ``root`` with exactly its bytes."""
     return all((root / "m" / rel).read_bytes() == data for rel, data in files.items())
@@ -199,6 +211,15 @@ async def test_peers_serve_the_fleet_a_liar_is_banned_and_the_service_off_falls_
         >= 3 * (total - 64 * 1024) * 0.9
     )
     assert seed.metric("model_agent_peer_upload_bytes_total") > 0
+    # where each copy's bytes came from, in the node's ConfigMap entry (bytesBySource) and in `model-agent status`
+    came_from = {a.node: await bytes_by_source(kube, a, model_of(a)) for a in (seed, liar, b, c, off)}
+    print(f"peers e2e: bytesBySource by node {came_from}")
+    assert came_from[seed.node]["peer"] == 0 and came_from[seed.node]["origin"] >= 0.99 * total
+    repo_bytes = came_from[seed.node]["origin"]  # every file of the repo (.gitattributes too), once
+    for agent in (liar, b, c):  # the weights from peers; the small files (no sha256 listed) from the origin
+        assert came_from[agent.node]["peer"] >= 0.5 * total, came_from
+        assert sum(came_from[agent.node].values()) == repo_bytes, came_from  # each byte counted once
+    assert came_from[off.node]["peer"] == 0 and came_from[off.node]["origin"] >= 0.99 * total
 
     # 3. the peer server refuses a token without the audience (403) and no token (401)
     no_audience = (await mint_token(kube, tmp_path, None, "plain-token")).read_text()

@@ -15,6 +15,7 @@ from model_agent.model.entry import (
     MAX_ENTRY_BYTES,
     MAX_METADATA_STRING,
     Artifact,
+    BytesBySource,
     DownloadProgress,
     ModelConfig,
     ModelEntry,
@@ -329,6 +330,10 @@ _entries = st.builds(
     status=st.sampled_from(["Ready", "Updating", "Failed"]),
     config=st.none() | _config,
     progress=st.none() | _progress,
+    bytes_by_source=st.none()
+    | st.builds(
+        BytesBySource, origin=st.integers(0, 2**64 - 1), peer=st.integers(0, 2**40), shared_root=st.integers(0, 2**40)
+    ),
 )
 
 
@@ -423,3 +428,49 @@ def test_reason_is_capped_and_dropped_when_the_model_leaves_failed() -> None:
     assert json.loads(failed.to_json())["reason"] == "E" * 500
     assert failed.with_status("Failed").reason == "E" * 2000
     assert failed.with_status("Ready").reason == "" and "reason" not in failed.with_status("Updating").to_json()
+
+
+# --- bytesBySource: this agent's own field, after OME's, read leniently ---------------------------------
+
+
+def test_bytes_by_source_is_written_after_omes_fields_and_read_back() -> None:
+    progress = DownloadProgress("downloading", 100, 60, 3, 1, 1.5, "2026-12-02T15:00:00Z")
+    entry = ModelEntry("x", "Updating", progress=progress, bytes_by_source=BytesBySource(10, 50, 0))
+    text = entry.to_json()
+    assert text.endswith(',"bytesBySource":{"origin":10,"peer":50,"sharedRoot":0}}')
+    assert list(json.loads(text)) == ["name", "status", "progress", "bytesBySource"]
+    assert ModelEntry.from_json(text) == entry
+    # OME's fields are byte for byte what they are without it: a Go reader sees the same entry
+    assert (
+        text.replace(',"bytesBySource":{"origin":10,"peer":50,"sharedRoot":0}', "")
+        == replace(entry, bytes_by_source=None).to_json()
+    )
+
+
+@pytest.mark.parametrize(
+    "value",
+    ['"lots"', "[1]", '{"origin":-1}', '{"origin":1.5}', '{"peer":"x"}', '{"sharedRoot":true}'],
+)
+def test_a_bytes_by_source_that_is_not_ours_reads_as_none_and_the_entry_still_reads(value: str) -> None:
+    text = '{"name":"x","status":"Ready","bytesBySource":' + value + "}"
+    entry = ModelEntry.from_json(text)
+    assert entry is not None and entry.status == "Ready" and entry.bytes_by_source is None
+    assert json.loads(without_config(text))["bytesBySource"] == json.loads(value)  # someone else's: kept verbatim
+
+
+def test_bytes_by_source_stays_on_ready_and_updating_and_leaves_on_failed() -> None:
+    entry = ModelEntry("x", "Updating", bytes_by_source=BytesBySource(peer=7))
+    assert entry.with_status("Ready").bytes_by_source == BytesBySource(peer=7)
+    assert entry.with_status("Updating").bytes_by_source == BytesBySource(peer=7)
+    assert entry.with_status("Failed").bytes_by_source is None
+    assert BytesBySource(1, 2, 3).total == 6
+    with pytest.raises(ValueError, match="out of range"):
+        BytesBySource(origin=-1)
+
+
+def test_capping_never_drops_bytes_by_source() -> None:
+    config = ModelConfig(model_type="llama", decoded_model_configuration={"k": "v" * (MAX_ENTRY_BYTES + 10)})
+    entry = ModelEntry("x", "Ready", config=config, bytes_by_source=BytesBySource(origin=1, peer=2))
+    capped = ModelEntry.from_json(cap_entry_json(entry.to_json()))
+    assert capped is not None and capped.bytes_by_source == BytesBySource(origin=1, peer=2)
+    assert capped.config is not None and capped.config.decoded_model_configuration is None

@@ -38,7 +38,9 @@ from model_agent.agent.shared_root import (
 from model_agent.kube.client import ApiError
 from model_agent.local.layout import Layout
 from model_agent.local.manifest import FileRecord, Manifest, ManifestStore
+from model_agent.model.entry import BytesBySource
 from model_agent.sources.base import Progress
+from model_agent.sources.byte_sources import by_source
 
 DEADLINE_S = 5.0
 URI = "hf://org/model"
@@ -290,10 +292,16 @@ async def test_one_node_fetches_and_the_others_adopt_without_fetching(tmp_path: 
             await asyncio.sleep(0.01)
     release.set()
     async with asyncio.timeout(DEADLINE_S):
-        await asyncio.gather(*tasks)
+        adopted = await asyncio.gather(*tasks)
     assert len(fetched) == 1  # one fetch for the cluster
     assert (root.private / "shared").is_dir()  # the holder published
     assert api.puts[-1] == ""  # and released its Lease
+    # The fetching node adopted nothing; each other node adopted the whole model from the shared root, and its
+    # job's progress says so (the entry's bytesBySource, the metric's "shared").
+    size = len(b"weights")
+    assert sorted(adopted) == [0, size, size, size]
+    adopters = [job for job, n in zip(jobs, adopted, strict=True) if n]
+    assert all(by_source(job.progress) == BytesBySource(shared_root=size) for job in adopters)
 
 
 async def test_a_dead_holders_lease_expires_and_another_node_fetches(tmp_path: Path) -> None:

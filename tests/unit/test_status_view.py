@@ -6,7 +6,9 @@ import json
 from typing import Any
 
 import pytest
+from rich.console import Console
 
+from model_agent.cli.status import bytes_from, render
 from model_agent.ops.status_view import Download, ModelFacts, model_row, status_view
 
 KEY = "ClusterBaseModel//llama"
@@ -56,3 +58,33 @@ def test_document_keys_and_sorted_models() -> None:
     )
     assert list(doc) == ["node", "synced", "breaker", "trash", "configmap", "unmanaged", "unresolved", "models"]
     assert [m["key"] for m in doc["models"]] == ["BaseModel/a/y", "BaseModel/b/x", KEY]
+
+
+def test_where_the_bytes_came_from_is_read_from_the_entry() -> None:
+    entry = '{"name":"llama","status":"Ready","bytesBySource":{"origin":30,"peer":970,"sharedRoot":0}}'
+    assert _row(raw_entry=entry)["bytesBySource"] == {"origin": 30, "peer": 970, "sharedRoot": 0}
+    assert _row(raw_entry='{"name":"llama","status":"Ready"}')["bytesBySource"] is None  # not recorded
+    odd = '{"name":"llama","status":"Ready","bytesBySource":"lots"}'  # someone else's field: shown as none
+    assert _row(raw_entry=odd)["bytesBySource"] is None
+
+
+@pytest.mark.parametrize(
+    ("sources", "shown"),
+    [
+        (None, "-"),
+        ({"origin": 0, "peer": 0, "sharedRoot": 0}, "-"),
+        ({"origin": 30, "peer": 970, "sharedRoot": 0}, "peer 97% origin 3%"),
+        ({"origin": 0, "peer": 0, "sharedRoot": 5}, "shared root 100%"),
+        ({"origin": 10}, "origin 100%"),
+    ],
+)
+def test_the_status_command_shows_the_share_of_each_source(sources: dict[str, int] | None, shown: str) -> None:
+    assert bytes_from(sources) == shown
+
+
+def test_the_status_table_has_a_from_column() -> None:
+    row = _row(raw_entry='{"name":"llama","status":"Ready","bytesBySource":{"origin":1,"peer":3,"sharedRoot":0}}')
+    console = Console(record=True, width=250)
+    render({"node": "n1", "models": [row]}, console)
+    text = console.export_text()
+    assert "from" in text and "peer 75% origin 25%" in text

@@ -21,7 +21,10 @@ Guarantees:
 * :meth:`cancel` returns only when the job has stopped touching its staging area and its destination
   (threads a source starts itself, still finishing a file write into staging, are not tracked: staging is
   never published without verification);
-* after :meth:`stop` no job runs and :meth:`submit` refuses (returns False) instead of blocking.
+* after :meth:`stop` no job runs and :meth:`submit` refuses (returns False) instead of blocking;
+* where the bytes of a key's last successful fetch came from (:meth:`bytes_by_source`, when its source counted
+  them: :mod:`model_agent.sources.byte_sources`) is kept until the key's next fetch starts or its failure is
+  cleared, so the entry of the Ready copy can show it after the job is gone.
 """
 
 from __future__ import annotations
@@ -38,7 +41,9 @@ from typing import ParamSpec, TypeVar
 import structlog
 
 from model_agent.agent.fair_slots import FairSlots
+from model_agent.model.entry import BytesBySource
 from model_agent.sources.base import Progress, SourceError
+from model_agent.sources.byte_sources import by_source
 
 log = structlog.get_logger(__name__)
 
@@ -130,6 +135,7 @@ class Fetcher:
         self._on_done = on_done
         self._jobs: dict[str, Job] = {}
         self._failures: dict[str, Failure] = {}
+        self._sources: dict[str, BytesBySource] = {}
         self._stopped = False
         self._base = backoff_base_s
         self._cap = backoff_cap_s
@@ -149,8 +155,16 @@ class Fetcher:
         return failure if failure is not None and failure.target == target else None
 
     def clear_failure(self, key: str) -> None:
-        """Forget ``key``'s failure (the model went away or became Ready another way), so its backoff starts afresh."""
+        """Forget ``key``'s failure (the model went away or became Ready another way), so its backoff starts afresh.
+
+        Where its last fetch's bytes came from is forgotten too: it no longer describes a copy on this node.
+        """
         self._failures.pop(key, None)
+        self._sources.pop(key, None)
+
+    def bytes_by_source(self, key: str) -> BytesBySource | None:
+        """Where the bytes of ``key``'s last successful fetch came from; None when unknown or not counted."""
+        return self._sources.get(key)
 
     async def submit(self, key: str, target: str, body: JobBody) -> bool:
         """Start ``body`` as the job of ``key`` for ``target`` unless one runs already; it never awaits the fetch.
@@ -166,6 +180,7 @@ class Fetcher:
             await self.cancel(key)
             if self._stopped:
                 return False
+        self._sources.pop(key, None)  # a new copy is on its way: the old one's counts no longer apply
         job = Job(key, target, task=None)  # type: ignore[arg-type]
         job.task = asyncio.get_running_loop().create_task(self._run(job, body), name=f"fetch {key}")
         self._jobs[key] = job
@@ -179,6 +194,9 @@ class Fetcher:
                 job.started = time.monotonic()
                 await body(job)
             self._failures.pop(job.key, None)
+            sources = by_source(job.progress)
+            if sources is not None:
+                self._sources[job.key] = sources
             outcome = "done"
         except asyncio.CancelledError:
             raise

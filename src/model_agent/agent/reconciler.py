@@ -76,6 +76,7 @@ from model_agent.model.uris import (
 from model_agent.ops.events import NORMAL, WARNING, EventRecorder, ObjectRef
 from model_agent.ops.metrics import Metrics
 from model_agent.sources.base import FetchRequest, Progress, Source, SourceError, publish
+from model_agent.sources.byte_sources import by_source
 from model_agent.sources.hf import HuggingFaceSource
 
 log = structlog.get_logger(__name__)
@@ -515,7 +516,7 @@ class Reconciler:
             if shared is None:
                 await fetch()
             else:  # a shared root: one node fetches for all, the others adopt its publication
-                await shared.fetch_once(
+                adopted = await shared.fetch_once(
                     job,
                     ref.key,
                     target.storage_uri,
@@ -524,6 +525,7 @@ class Reconciler:
                     fetch,
                     lambda p: self._write_progress(ref, obj, p, time.monotonic()),
                 )
+                ctx.metrics.bytes_by_source.labels("shared").inc(adopted)  # what another node fetched for this one
 
         submitted = await ctx.fetcher.submit(ref.key, target.id, body)
         if not submitted:
@@ -825,6 +827,7 @@ class Reconciler:
         if config is None and current is not None and state != ModelState.READY:
             config = current.config
         entry_progress = None
+        sources = None
         if state == ModelState.UPDATING and progress is not None:
             elapsed = max(1e-6, time.monotonic() - started) if started else 0.0
             entry_progress = DownloadProgress(
@@ -836,14 +839,21 @@ class Reconciler:
                 speed_bytes_per_sec=round(progress.completed_bytes / elapsed, 1) if elapsed else 0.0,
                 last_updated=rfc3339(_utcnow()),
             )
+            sources = by_source(progress)
             if current is not None and current.status == state and current.progress is not None and not started:
                 entry_progress = current.progress  # keep the last progress write; no churn
+                sources = current.bytes_by_source
+        elif state == ModelState.READY:  # where the Ready copy's bytes came from: its fetch's counts, else kept
+            sources = ctx.fetcher.bytes_by_source(ref.key)
+            if sources is None and current is not None and current.status == ModelState.READY:
+                sources = current.bytes_by_source
         entry = ModelEntry(
             name=ref.name,
             status=state.value,
             config=config,
             progress=entry_progress,
             reason=(reason or "") if state == ModelState.FAILED else "",
+            bytes_by_source=sources,
         )
         value = entry.to_json()
         if state == ModelState.READY:

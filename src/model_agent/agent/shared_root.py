@@ -13,7 +13,10 @@ root this module decides, and one actor per decision carries it out:
   its SHA-256, the node, the time). Every other node shows ``Updating`` with phase ``waiting-for-peer`` and
   adopts the published manifest without downloading and without re-hashing the files: the record's checksum
   must match the manifest's text, the manifest must name the wanted source and destination, and every file
-  must have the recorded size and mtime (the full re-hash stays with ``verify``);
+  must have the recorded size and mtime (the full re-hash stays with ``verify``). The bytes a node adopts
+  count as ``shared`` in ``model_agent_fetched_bytes_by_source_total`` and as ``sharedRoot`` in its entry's
+  ``bytesBySource``: no byte moved, but they are what the node would otherwise have fetched, so origin + peer +
+  shared is every byte each node needed, and the origin's share of it is what the fleet saved;
 * **what a removal may touch** (:meth:`SharedRoots.removal_turn`, :func:`removal_plan`): a node whose
   selection no longer matches a live model drops only its own label and ConfigMap entry — never the files,
   the staging area or a shared record. Files go to the trash only when the model is confirmed gone (the one
@@ -69,6 +72,7 @@ from model_agent.local.node_markers import (
     write_marker,
 )
 from model_agent.sources.base import Progress
+from model_agent.sources.byte_sources import SourcedProgress
 
 log = structlog.get_logger(__name__)
 
@@ -457,35 +461,39 @@ class SharedRoots:
         root: Root,
         fetch: Callable[[], Awaitable[None]],
         on_wait: Callable[[Progress], Awaitable[None]] | None = None,
-    ) -> None:
+    ) -> int:
         """Run ``fetch`` here only if this node is the one to fetch ``(storage_uri, dest)`` for the cluster.
 
         A private root: ``fetch`` runs as always. A shared root: adopt a valid publication, or take the target's
         Lease and fetch (then publish), or show ``waiting-for-peer`` (``job.progress``, and ``on_wait`` writes it
         to the entry; without it the key is requeued) and look again. Returns when the target is published (by
         anyone); the reconciler then finds the manifest and publishes Ready.
+
+        Returns the bytes this node adopted without a transfer (the adopted manifest's size; 0 when it fetched
+        itself): they are what another node fetched for it, counted as ``shared`` in the bytes-by-source metric,
+        and ``job.progress`` then says so (:class:`~model_agent.sources.byte_sources.SourcedProgress`).
         """
         if not self.verdict(root, fresh=True).shared:
             await fetch()
-            return
+            return 0
         lease = f"shared-fetch|{storage_uri}|{dest}"
         shown = False
         while True:
             published = await asyncio.to_thread(self._adoptable, key, storage_uri, dest, root)
             if fetch_turn(True, published, False) == FetchTurn.ADOPT:
                 log.info("adopted a peer's publication without downloading", key=key, dest=str(dest))
-                return
+                return await self._adopted(job, key)
             async with self._try_hold(lease) as holding:
                 if holding:  # a holder may have published between the look and the Lease
                     published = await asyncio.to_thread(self._adoptable, key, storage_uri, dest, root)
                 turn = fetch_turn(True, published, holding)
                 if turn == FetchTurn.ADOPT:
-                    return
+                    return await self._adopted(job, key)
                 if turn == FetchTurn.FETCH:
                     log.info("fetching for the nodes sharing this root", key=key, dest=str(dest))
                     await fetch()
                     await asyncio.to_thread(self._publish, key, storage_uri, dest, root)
-                    return
+                    return 0
             if not shown:
                 job.progress = Progress(phase=WAITING_FOR_PEER)
                 if on_wait is not None:
@@ -494,6 +502,21 @@ class SharedRoots:
                     self._requeue(key)
                 shown = True
             await asyncio.sleep(self.poll_s * (0.5 + self._rng.random()))
+
+    async def _adopted(self, job: Any, key: str) -> int:
+        """The adopted manifest's bytes, also shown as the job's progress (every byte from the shared root)."""
+        manifest = await asyncio.to_thread(self._manifests.load, key)
+        size = manifest.total_bytes if manifest is not None else 0
+        files = len(manifest.files) if manifest is not None else 0
+        job.progress = SourcedProgress(
+            phase="finalizing",
+            total_bytes=size,
+            completed_bytes=size,
+            total_files=files,
+            completed_files=files,
+            shared_root_bytes=size,
+        )
+        return size
 
     # ----------------------------------------------------------------------------------- removal, purge
 

@@ -1,7 +1,8 @@
 """``model-agent status``: the node's view of every model, from the running agent's ``/status``.
 
 One row per model: kind, namespace/name, node label, ConfigMap entry status (and reason), manifest check,
-size, revision, last verification, download progress; then the delete breaker and the trash. ``--output
+size, revision, last verification, download progress, where the bytes came from (origin, peers, a shared root);
+then the delete breaker and the trash. ``--output
 json`` prints the raw document for scripts. Exit 1 when the agent cannot be reached.
 """
 
@@ -29,10 +30,26 @@ def _fmt_bytes(n: int | None) -> str:
     return f"{n} B"
 
 
+def bytes_from(sources: dict[str, Any] | None) -> str:
+    """Where a model's bytes came from, as shares of the counted bytes: ``peer 97% origin 3%``; ``-`` unknown."""
+    if not sources:
+        return "-"
+    named = [
+        ("peer", sources.get("peer")),
+        ("origin", sources.get("origin")),
+        ("shared root", sources.get("sharedRoot")),
+    ]
+    counts = [(name, n) for name, n in named if isinstance(n, int) and n > 0]
+    total = sum(n for _, n in counts)
+    if not total:
+        return "-"
+    return " ".join(f"{name} {round(100 * n / total)}%" for name, n in sorted(counts, key=lambda c: -c[1]))
+
+
 def render(doc: dict[str, Any], console: Console) -> None:
     """Print the ``/status`` document as the operator's tables (models, then breaker and trash)."""
     table = Table(title=f"models on node {doc.get('node')}")
-    for col in ("kind", "model", "label", "entry", "manifest", "size", "revision", "verified", "progress"):
+    for col in ("kind", "model", "label", "entry", "manifest", "size", "revision", "verified", "progress", "from"):
         table.add_column(col)
     for m in doc.get("models", []):
         man = m.get("manifest") or {}
@@ -51,6 +68,7 @@ def render(doc: dict[str, Any], console: Console) -> None:
             "-"
             if not prog
             else f"{prog['phase']} {_fmt_bytes(prog['completedBytes'])}/{_fmt_bytes(prog['totalBytes'])}",
+            bytes_from(m.get("bytesBySource")),
         )
     console.print(table)
     breaker = doc.get("breaker") or {}
@@ -69,7 +87,7 @@ def status(
     host: Annotated[str, typer.Option(help="Where the agent listens.")] = "127.0.0.1",
     output: Annotated[str, typer.Option("--output", "-o", help="table or json")] = "table",
 ) -> None:
-    """Show every model on this node: label, ConfigMap entry, manifest check, size, revision, progress."""
+    """Show every model on this node: label, entry, manifest check, size, revision, progress, bytes' origin."""
     try:
         with urllib.request.urlopen(f"http://{host}:{port}/status", timeout=10) as resp:
             doc = json.loads(resp.read())

@@ -21,15 +21,18 @@ Contract:
   and NaN/Infinity; invalid UTF-8 becomes U+FFFD, as Go does inside strings. Unlike Go it matches
   field names case-sensitively (Go also folds case) and rejects a top-level ``null``; both only matter
   for hand-edited entries. A ``-0`` literal reads back as ``0`` (Python's json makes it an integer).
-* One field is this agent's own: ``reason`` (why a model is ``Failed``), written last and only when set;
-  OME's controller ignores it, as Go ignores unknown fields.
+* Two top-level fields are this agent's own, written after OME's fields and only when set; OME's controller
+  ignores them, as Go ignores unknown fields: ``bytesBySource`` (where the bytes of the copy being fetched,
+  or of the Ready copy, came from: ``origin``, ``peer``, ``sharedRoot``; while ``Updating`` and ``Ready``)
+  and ``reason`` (why a model is ``Failed``), written last. A ``bytesBySource`` that is not the agent's
+  shape (someone else's write) reads as none, never as an invalid entry: Go's decoder would not look at it.
 * Entries written through OME's generic-map helpers come out with alphabetically sorted top-level keys;
   consumers parse JSON, so this codec always writes struct order.
 * Size caps (the node's ConfigMap holds every model's entry within the API server's 1 MiB): ``cap_entry_json``
   bounds one entry to ``MAX_ENTRY_BYTES``, trimming only the parsed ``config`` — metadata strings and lists
   first, then ``decodedModelConfiguration``, then the whole ``config`` — and never ``name``, ``status``,
-  ``progress``, the ``reason`` or fields it does not know; ``without_config`` is the smallest form of an
-  entry, for a ConfigMap too full for the whole one. Both are idempotent.
+  ``progress``, ``bytesBySource``, the ``reason`` or fields it does not know; ``without_config`` is the
+  smallest form of an entry, for a ConfigMap too full for the whole one. Both are idempotent.
 """
 
 from __future__ import annotations
@@ -179,6 +182,33 @@ class DownloadProgress:
 
 
 @dataclass(frozen=True, slots=True)
+class BytesBySource:
+    """Where a copy's bytes came from (this agent's ``bytesBySource`` field): each count always written.
+
+    ``origin``: fetched from the model's source; ``peer``: from other nodes' peer servers, verified against the
+    origin's digest; ``shared_root``: another node published the model on a shared models root and this node
+    adopted it without a transfer. Resumed bytes of an earlier attempt count nowhere (their source is unknown).
+    """
+
+    origin: int = 0
+    peer: int = 0
+    shared_root: int = 0
+
+    def __post_init__(self) -> None:
+        for name, value in (("origin", self.origin), ("peer", self.peer), ("shared_root", self.shared_root)):
+            if not 0 <= value <= _UINT64_MAX:
+                raise ValueError(f"{name} {value} is out of range 0..{_UINT64_MAX}")
+
+    @property
+    def total(self) -> int:
+        """Bytes counted anywhere."""
+        return self.origin + self.peer + self.shared_root
+
+    def _pairs(self) -> list[tuple[str, Any]]:
+        return [("origin", self.origin), ("peer", self.peer), ("sharedRoot", self.shared_root)]
+
+
+@dataclass(frozen=True, slots=True)
 class ModelEntry:
     """One ConfigMap entry. ``status`` is normally a :class:`ModelState` value; any string read is kept."""
 
@@ -189,6 +219,9 @@ class ModelEntry:
     # This agent's addition: why a model is Failed ("Reason: message"), written last and only when set, so
     # OME's controller (which ignores unknown fields) reads the entry as before. Capped at MAX_REASON chars.
     reason: str = ""
+    # This agent's addition: where the bytes came from (while Updating with a fetch, and once Ready), after
+    # OME's fields; None: unknown (a source that does not count them, an entry written by another agent).
+    bytes_by_source: BytesBySource | None = None
 
     def to_json(self) -> str:
         """The whole entry as OME's agent writes it (struct order, Go escaping); ``from_json`` reads it back."""
@@ -197,19 +230,22 @@ class ModelEntry:
             pairs.append(("config", _Struct(self.config._pairs())))
         if self.progress is not None:
             pairs.append(("progress", _Struct(self.progress._pairs())))
+        if self.bytes_by_source is not None:
+            pairs.append(("bytesBySource", _Struct(self.bytes_by_source._pairs())))
         if self.reason:
             pairs.append(("reason", self.reason[:MAX_REASON]))
         return _encode_struct(pairs)
 
     def with_status(self, status: ModelState | str) -> ModelEntry:
         """The status write of docs/ome-compatibility.md#64-writes: new status, config kept, progress dropped on
-        Ready/Failed; a reason survives only on Failed."""
+        Ready/Failed; a reason survives only on Failed, where the bytes came from only on Updating and Ready."""
         terminal = status in (ModelState.READY, ModelState.FAILED)
         return replace(
             self,
             status=str(status),
             progress=None if terminal else self.progress,
             reason=self.reason if status == ModelState.FAILED else "",
+            bytes_by_source=None if status == ModelState.FAILED else self.bytes_by_source,
         )
 
     @classmethod
@@ -246,15 +282,15 @@ MAX_ENTRY_BYTES: Final = 8 * 1024
 MAX_METADATA_STRING: Final = 256
 MAX_METADATA_ITEMS: Final = 64
 MAX_REASON: Final = 500
-_KNOWN_FIELDS: Final = ("name", "status", "config", "progress", "reason")
+_KNOWN_FIELDS: Final = ("name", "status", "config", "progress", "bytesBySource", "reason")
 
 
 def cap_entry_json(text: str, max_bytes: int = MAX_ENTRY_BYTES) -> str:
     """``text`` (an encoded entry) bounded to ``max_bytes`` UTF-8 bytes by trimming only its ``config``.
 
     Over-long metadata strings and lists are cut always; then, while the entry is too large, the decoded
-    configuration is dropped, then the whole ``config``. ``name``, ``status``, ``progress``, ``reason`` and
-    unknown top-level fields are kept as they are, even if the result is still too large.
+    configuration is dropped, then the whole ``config``. ``name``, ``status``, ``progress``, ``bytesBySource``,
+    ``reason`` and unknown top-level fields are kept as they are, even if the result is still too large.
     A text that is not a valid entry, or that needs no change, is returned unchanged.
     """
     entry = ModelEntry.from_json(text)
@@ -319,7 +355,12 @@ def _extra_fields(text: str) -> list[tuple[str, Any]]:
         return []
     if not isinstance(document, dict):
         return []
-    return [(k, v) for k, v in document.items() if k not in _KNOWN_FIELDS]
+    # A bytesBySource the entry could not read is someone else's field: kept verbatim like any unknown one.
+    return [
+        (k, v)
+        for k, v in document.items()
+        if k not in _KNOWN_FIELDS or (k == "bytesBySource" and _bytes_by_source_from(v) is None)
+    ]
 
 
 def _encode_entry(entry: ModelEntry, extra: list[tuple[str, Any]]) -> str:
@@ -350,7 +391,22 @@ def _entry_from(doc: Mapping[str, Any]) -> ModelEntry:
         progress=_progress_from(progress_doc) if progress_doc is not None else None,
         # Not a field of OME's struct: whatever else stands there (someone else's write) reads as no reason.
         reason=doc["reason"] if isinstance(doc.get("reason"), str) else "",
+        bytes_by_source=_bytes_by_source_from(doc.get("bytesBySource")),
     )
+
+
+def _bytes_by_source_from(value: object) -> BytesBySource | None:
+    """This agent's ``bytesBySource``; None for anything else (not OME's field: it never invalidates an entry)."""
+    if not isinstance(value, dict):
+        return None
+    try:
+        return BytesBySource(
+            origin=_integer(value, "origin", 0, _UINT64_MAX),
+            peer=_integer(value, "peer", 0, _UINT64_MAX),
+            shared_root=_integer(value, "sharedRoot", 0, _UINT64_MAX),
+        )
+    except _Malformed:
+        return None
 
 
 def _config_from(doc: Mapping[str, Any]) -> ModelConfig:

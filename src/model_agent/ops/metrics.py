@@ -146,9 +146,13 @@ class Metrics:
             registry=r,
         )
         # --- node-to-node distribution (model_agent.peers)
+        # origin and peer count bytes transferred (hf:// counts both; other sources count none yet). shared counts
+        # the bytes of a model another node fetched and published on a shared root and this node adopted with no
+        # transfer: origin + peer + shared is what the node needed, so the origin's share is what the fleet paid.
         self.bytes_by_source = Counter(
             "model_agent_fetched_bytes_by_source",
-            "Bytes fetched by where they came from: origin, peer (another node's peer server), shared (a shared root)",
+            "Bytes this node got per model by where they came from: origin and peer (another node's peer server) "
+            "transferred; shared adopted without a transfer from another node's publication on a shared root",
             ("source",),
             registry=r,
         )

@@ -7,7 +7,9 @@ only shapes them, so the view is table-testable and the wire format lives in one
 Contract: the document's keys are stable (``model-agent status`` and operators' scripts read them): ``node``,
 ``synced``, ``breaker``, ``trash``, ``configmap``, ``unmanaged``, ``unresolved``, ``models`` (sorted by key,
 each with ``key``, ``kind``, ``namespace``, ``name``, ``label``, ``entry``, ``reason``, ``manifest``,
-``progress``). An entry that is not valid JSON shows as no entry; nothing here raises on odd input.
+``progress``, ``bytesBySource``). An entry that is not valid JSON shows as no entry; nothing here raises on odd
+input. ``bytesBySource`` is where the model's bytes came from (``origin``, ``peer``, ``sharedRoot``), as the
+entry records it (model/entry.py): for the copy being fetched, or the Ready one; None when not recorded.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from model_agent.local.manifest import Manifest
+from model_agent.model.entry import ModelEntry
 from model_agent.model.resources import ModelRef
 
 
@@ -51,6 +54,8 @@ def model_row(facts: ModelFacts) -> dict[str, Any]:
             entry = parsed if isinstance(parsed, dict) else {}
     manifest = facts.manifest
     download = facts.download
+    parsed_entry = ModelEntry.from_json(facts.raw_entry) if facts.raw_entry else None
+    sources = parsed_entry.bytes_by_source if parsed_entry is not None else None
     return {
         "key": facts.key,
         "kind": ref.kind.value,
@@ -76,6 +81,9 @@ def model_row(facts: ModelFacts) -> dict[str, Any]:
             "completedBytes": download.completed_bytes,
             "totalBytes": download.total_bytes,
         },
+        "bytesBySource": None
+        if sources is None
+        else {"origin": sources.origin, "peer": sources.peer, "sharedRoot": sources.shared_root},
     }
 
 

@@ -52,7 +52,8 @@ from model_agent.local.capacity import REGISTRY, Reservation, is_disk_full
 from model_agent.local.manifest import FileRecord, file_digest
 from model_agent.model.uris import parse_hf_uri
 from model_agent.sources import egress
-from model_agent.sources.base import FetchRequest, FetchResult, Progress, ResolveRecords, SourceError, SourceRules
+from model_agent.sources.base import FetchRequest, FetchResult, ResolveRecords, SourceError, SourceRules
+from model_agent.sources.byte_sources import SourcedProgress
 from model_agent.transfer import (
     Downloaded,
     Expected,
@@ -185,7 +186,7 @@ class HuggingFaceSource:
     async def fetch(self, request: FetchRequest) -> FetchResult:
         uri = parse_hf_uri(request.storage_uri)
         repo, revision, token = uri.repo_id, uri.revision, request.token
-        progress = Progress(phase="scanning")
+        progress = SourcedProgress(phase="scanning")  # counts where the bytes come from (the entry shows it)
         request.on_progress(progress)
 
         async def resolve() -> tuple[str, list[dict[str, Any]]]:
@@ -245,7 +246,7 @@ class HuggingFaceSource:
         commit: str,
         files: list[RemoteFile],
         request: FetchRequest,
-        progress: Progress,
+        progress: SourcedProgress,
         reservation: Reservation,
     ) -> list[FileRecord]:
         """Every file through one engine session: LFS files in parallel ranges against their sha256, small files
@@ -300,6 +301,8 @@ class HuggingFaceSource:
                                 on_bytes=on_bytes,
                                 reservation=reservation,
                             )
+                            if got is not None:
+                                progress.peer_bytes += got.fetched_bytes
                         if got is None:
                             got = await self._from_origin(
                                 engine,
@@ -312,6 +315,7 @@ class HuggingFaceSource:
                                 on_bytes=on_bytes,
                                 reservation=reservation,
                             )
+                            progress.origin_bytes += got.fetched_bytes
                     except SourceError:
                         raise
                     except Exception as exc:
