@@ -218,20 +218,30 @@ async def test_the_receive_stays_within_one_round_of_slots_of_the_hash(
     hashed = 0
     written = 0
     widest = 0
-    real = hashing.hash_mapped
+    real_mapped, real_buffer, real_advance = hashing.hash_mapped, hashing.hash_buffer, hashing.OrderedHash.advance
 
-    def slow_hash(fd: int, hasher: hashing.Hasher, offset: int, length: int) -> None:
+    # a hash far slower than loopback, both ways of hashing (the thing under test, not a synchronisation)
+    def slow_mapped(fd: int, hasher: hashing.Hasher, offset: int, length: int) -> None:
+        time.sleep(0.02)
+        real_mapped(fd, hasher, offset, length)
+
+    def slow_buffer(hasher: hashing.Hasher, data: bytes | memoryview) -> None:
+        time.sleep(0.005)
+        real_buffer(hasher, data)
+
+    def advance(self: hashing.OrderedHash, length: int) -> None:
         nonlocal hashed
-        time.sleep(0.02)  # a hash far slower than loopback (the thing under test, not a synchronisation)
-        real(fd, hasher, offset, length)
-        hashed = max(hashed, offset + length)
+        real_advance(self, length)
+        hashed = max(hashed, self.pos)
 
     def on_bytes(n: int) -> None:
         nonlocal written, widest
         written += n
         widest = max(widest, written - hashed)
 
-    monkeypatch.setattr(hashing, "hash_mapped", slow_hash)
+    monkeypatch.setattr(hashing, "hash_mapped", slow_mapped)
+    monkeypatch.setattr(hashing, "hash_buffer", slow_buffer)
+    monkeypatch.setattr(hashing.OrderedHash, "advance", advance)
     try:
         got = await engine(FAST).download(
             origin.url, tmp_path / "f", Expected(len(data), digests(data)), on_bytes=on_bytes

@@ -45,9 +45,13 @@ class Io:
         self._inflight: set[concurrent.futures.Future[Any]] = set()
 
     async def run(self, fn: Callable[..., _T], *args: Any) -> _T:
+        return await asyncio.wrap_future(self.submit(fn, *args))
+
+    def submit(self, fn: Callable[..., _T], *args: Any) -> concurrent.futures.Future[_T]:
+        """Start ``fn(*args)`` in the pool, tracked; the caller waits for the future (or adds callbacks)."""
         fut = _executor().submit(fn, *args)
         self.track(fut)
-        return await asyncio.wrap_future(fut)
+        return fut
 
     def track(self, fut: concurrent.futures.Future[Any]) -> None:
         """Count ``fut`` (work that may use the descriptor) until it ends."""

@@ -2,9 +2,11 @@
 
 Role: everything that happens to one file between "fetch this" and "these bytes are the promised ones"
 (the contract is in :mod:`model_agent.transfer`). The event loop side schedules parts, records them in the
-part map (:mod:`~model_agent.transfer.partmap`) and hashes the completed prefix
-(:mod:`~model_agent.transfer.hashing`); the worker-thread side sends one GET per part through a slot's
-transport and moves the body into the file, spliced (:mod:`~model_agent.transfer.splice`) or copied.
+part map (:mod:`~model_agent.transfer.partmap`) and reads back for the hash what landed ahead of the hash
+cursor (:mod:`~model_agent.transfer.hashing`); the worker-thread side sends one GET per part through a slot's
+transport and moves the body into the file, spliced (:mod:`~model_agent.transfer.splice`) or copied. A copied
+body at the hash cursor (the part next in file order) is hashed from the slot's buffer right after it is
+written, in the receive thread, so it is never read back (:class:`~model_agent.transfer.hashing.OrderedHash`).
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from model_agent.transfer.aio import Io, run_all, settle
 from model_agent.transfer.answers import TRANSIENT, Answer, RangeIgnored, Retry, Stopped, check_answer, describe
 from model_agent.transfer.config import Downloaded, Expected, HeaderSource, UrlSource
 from model_agent.transfer.disk import disk_error, preallocate
-from model_agent.transfer.hashing import HASH_STEP, new_hasher
+from model_agent.transfer.hashing import HASH_STEP, OrderedHash, new_hasher
 from model_agent.transfer.partmap import PartMap
 from model_agent.transfer.splice import (
     FileWriteError,
@@ -94,7 +96,9 @@ class Job:
         self.requests = 0
         self.frontier = 0  # parts [0, frontier) are all done
         self.part_event = asyncio.Event()
-        # How far the hash has got, for the transfer's lead over it (see _hash_caught_up).
+        # The file's hashers, fed in file order by receive threads and the hash loop (see _hash_loop).
+        self.ordered = OrderedHash([new_hasher(alg, self.size) for alg in self.algorithms], self._hash_advanced)
+        # How far the hash has got, for the transfer's lead over it (see _hash_caught_up); set on the loop.
         self.hashed = 0
         self.hash_progress = asyncio.Event()
         self.hash_over = False  # the hash loop ended (done, failed or cancelled): nothing more to wait for
@@ -470,6 +474,7 @@ class Job:
                 _pwrite_all(self.fd, data, span.pos)
         except OSError as exc:
             raise disk_error(self.label, exc, "writing") from exc
+        self.ordered.offer(span.pos, data)  # next in file order: hashed now, from the buffer, never read back
         self._report(span.pos, len(data))
         span.pos += len(data)
 
@@ -522,26 +527,45 @@ class Job:
     # ------------------------------------------------------------------ hashing and verification
 
     async def _hash_loop(self) -> dict[str, str]:
-        hashers = [new_hasher(alg, self.size) for alg in self.algorithms]
-        hashed = 0
+        """Read back for the hash what lies between the hash cursor and the completed prefix, until all is hashed.
+
+        Bytes the receive threads hashed from their buffers (the part at the cursor) are skipped: the cursor
+        is past them. What is read back: parts that completed ahead of the cursor, spliced bodies (they never
+        pass through a buffer), and on resume the prefix already on disk (the hash state is not durable).
+        """
+        ordered = self.ordered
         try:
-            while hashed < self.size:
-                limit = self._frontier_bytes()
-                if hashed >= limit:
-                    self.part_event.clear()
-                    await self.part_event.wait()
+            while ordered.pos < self.size:
+                self.part_event.clear()  # (then look: a part or a cursor move after this sets it again)
+                start = ordered.pos
+                length = min(HASH_STEP, self._frontier_bytes() - start)
+                if length <= 0 or not ordered.claim(start, length):
+                    await self.part_event.wait()  # nothing complete past the cursor, or a receive thread at it
                     continue
-                length = min(HASH_STEP, limit - hashed)
                 # each update releases the GIL: several algorithms use both cores
                 # (hashing.hash_mapped looked up per call: the benchmark's transfer-alone mode replaces it)
-                await asyncio.gather(*(self.io.run(hashing.hash_mapped, self.fd, h, hashed, length) for h in hashers))
-                hashed += length
-                self.hashed = hashed
-                self.hash_progress.set()
+                futures = [self.io.submit(hashing.hash_mapped, self.fd, h, start, length) for h in ordered.hashers]
+                ordered.advance_when_done(futures, length)  # (from the threads: whatever happens to this task)
+                await asyncio.gather(*(asyncio.wrap_future(f) for f in futures))
+                # the cursor moved in a thread: _hash_advanced wakes this loop (and the workers) from there
+                while ordered.pos == start:
+                    self.part_event.clear()
+                    if ordered.pos == start:
+                        await self.part_event.wait()
         finally:
             self.hash_over = True  # whatever happens, no worker waits for a hash that will not come
             self.hash_progress.set()
-        return {alg: h.hexdigest() for alg, h in zip(self.algorithms, hashers, strict=True)}
+        return {alg: h.hexdigest() for alg, h in zip(self.algorithms, ordered.hashers, strict=True)}
+
+    def _hash_advanced(self, pos: int) -> None:
+        """Any thread: the hash cursor is at ``pos``; tell the event loop (the hash loop and the workers wait on it)."""
+        with contextlib.suppress(RuntimeError):  # the loop is gone: the job ended, nothing waits any more
+            self.loop.call_soon_threadsafe(self._hash_moved, pos)
+
+    def _hash_moved(self, pos: int) -> None:
+        self.hashed = max(self.hashed, pos)
+        self.hash_progress.set()
+        self.part_event.set()
 
     async def _verify(self, digests: dict[str, str]) -> None:
         problems = []
