@@ -343,3 +343,24 @@ def test_writable_is_confine_for_resolved_paths(tmp_path: Path, root: Path) -> N
         assert not lay.writable(str(refused_path)), refused_path
         with pytest.raises(PathRefused):
             lay.confine(str(refused_path))
+
+
+def test_agents_probing_one_shared_records_directory_at_once_all_start(
+    root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Two nodes on a shared root: the second runs its whole probe between the first's create and unlink.
+    first, second = Layout(root), Layout(root)
+    real_unlink = Path.unlink
+    interleaved: list[bool] = []
+
+    def unlink_after_the_other_node(self: Path, missing_ok: bool = False) -> None:
+        if self.name.startswith(".write-probe") and not interleaved:
+            interleaved.append(True)
+            second.ensure()
+        real_unlink(self, missing_ok=missing_ok)
+
+    monkeypatch.setattr(Path, "unlink", unlink_after_the_other_node)
+    first.ensure()
+    assert interleaved == [True]
+    records = first.roots[0].manifests
+    assert not [p for p in records.iterdir() if p.name.startswith(".write-probe")]

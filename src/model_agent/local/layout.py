@@ -36,6 +36,7 @@ import contextlib
 import hashlib
 import os
 import stat
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
@@ -99,9 +100,11 @@ class Root:
         """
         try:
             self.manifests.mkdir(parents=True, exist_ok=True)
-            probe = self.manifests / ".write-probe"
-            probe.touch()
-            probe.unlink()
+            # A name of this process's own: on a shared root many agents probe the same directory at once,
+            # and one removing another's probe between its create and its unlink failed that agent's start.
+            fd, probe_name = tempfile.mkstemp(prefix=".write-probe-", dir=self.manifests)
+            os.close(fd)
+            Path(probe_name).unlink()
         except OSError as exc:
             raise StateUnwritable(
                 f"the agent's records directory {str(self.manifests)!r} is not writable ({exc.strerror}); a "
