@@ -7,12 +7,24 @@ a cancellation exactly during the release. Every wait has a deadline.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import AsyncIterator
 from typing import Any
 
+import pytest
+
 from model_agent.agent.origin_slots import OriginSlots, lease_names
+from model_agent.agent.reconciler import Target
 from model_agent.kube.client import ApiUnavailable
 from model_agent.kube.resources import LEASES
+from model_agent.model.resources import ModelObject
+from model_agent.model.uris import StorageType
+from model_agent.peers.seeding import peer_aware_slots
 from tests.support.fake_kube import FakeKubeClient, not_found
+from tests.support.waiting import always, until
+from tests.unit.test_fetch_cancel import REF, URI, WEIGHTS, Env, env, read_tree  # noqa: F401  (env: the fixture)
+from tests.unit.test_peers_fetch import FakeDirectory
+from tests.unit.test_shared_root import LeaseApi
 
 DEADLINE_S = 2.0
 NS = "ome"
@@ -101,3 +113,89 @@ async def test_a_cancelled_body_releases_the_slot_and_stays_cancelled() -> None:
     await asyncio.wait([task], timeout=DEADLINE_S)
     assert task.cancelled()
     assert len(client.calls_to("PUT", PATH)) == 1
+
+
+# ------------------------------------------------------------------------- held until peers can see the copy
+
+
+def holder_of(api: LeaseApi) -> str:
+    """Who holds the source's one slot now ("" when free or never taken)."""
+    lease = api.leases.get(NAME)
+    return (lease or {}).get("spec", {}).get("holderIdentity") or ""
+
+
+def peer_aware(api: LeaseApi, node: str, directory: FakeDirectory, **kw: Any) -> Any:
+    slots = OriginSlots(api, NS, node, 1, lease_s=30, poll_s=0.01)  # type: ignore[arg-type]
+    return peer_aware_slots(slots.hold, directory, poll_s=0.01, seen_poll_s=0.01, **kw)  # type: ignore[arg-type]
+
+
+async def test_the_slot_is_kept_until_peers_see_the_copy_and_the_waiting_node_takes_it_from_the_peer() -> None:
+    api = LeaseApi()
+    seen_a, dir_b = FakeDirectory([], ready_here=False), FakeDirectory([])
+    keepers: set[asyncio.Task[None]] = set()
+    hold_a, hold_b = peer_aware(api, "a", seen_a, keepers=keepers), peer_aware(api, "b", dir_b)
+    async with asyncio.timeout(DEADLINE_S), hold_a(SOURCE, lambda: None) as name:
+        assert name == NAME and holder_of(api) == "a"
+    # a's copy is recorded, but its Node is not labelled Ready yet: the slot stays a's
+    queued, got = asyncio.Event(), []
+
+    async def b_fetches() -> None:
+        async with hold_b(SOURCE, queued.set) as name_b:
+            got.append(name_b)
+
+    b = asyncio.create_task(b_fetches())
+    async with asyncio.timeout(DEADLINE_S):
+        await queued.wait()
+
+    async def b_waits_while_a_holds() -> bool:
+        return not got and holder_of(api) == "a"
+
+    await always(b_waits_while_a_holds, duration=0.3, what="b waiting while a holds the slot")
+    seen_a.here, dir_b.list = True, ["a:1"]  # a's Ready label: what b's directory reads
+    async with asyncio.timeout(DEADLINE_S):
+        await b
+    assert got == [""]  # b went to the peer, not to the origin
+    await until(lambda: not keepers and holder_of(api) == "", "a's slot released once it was seen Ready")
+    assert "b" not in api.puts  # b never held the slot
+
+
+async def test_a_slot_won_on_a_stale_answer_is_given_back_when_a_fresh_look_shows_a_peer() -> None:
+    api = LeaseApi()
+    hold = peer_aware(api, "b", FakeDirectory(["a:1"], stale=True))
+    async with asyncio.timeout(DEADLINE_S), hold(SOURCE, lambda: None) as name:
+        assert name == ""  # the peer serves: no origin slot held for this fetch
+        assert holder_of(api) == ""
+    assert api.puts == [""]  # taken (created) and given back before the block ran
+
+
+async def test_a_slot_is_kept_at_most_linger_s_and_a_failed_fetch_releases_it_at_once() -> None:
+    api = LeaseApi()
+    keepers: set[asyncio.Task[None]] = set()
+    never_seen = FakeDirectory([], ready_here=False)
+    hold = peer_aware(api, "a", never_seen, keepers=keepers, linger_s=0.05)
+    async with asyncio.timeout(DEADLINE_S), hold(SOURCE, lambda: None):
+        pass
+    assert keepers and holder_of(api) == "a"
+    await until(lambda: not keepers and holder_of(api) == "", "the slot released after linger_s")
+    with pytest.raises(RuntimeError, match="download failed"):
+        async with asyncio.timeout(DEADLINE_S), hold(SOURCE, lambda: None):
+            raise RuntimeError("download failed")
+    assert not keepers and holder_of(api) == ""  # released before the error reached the caller
+
+
+async def test_the_reconciler_holds_the_slot_until_the_copy_is_published_and_recorded(env: Env) -> None:  # noqa: F811
+    at_release: list[tuple[bool, bool]] = []
+
+    @contextlib.asynccontextmanager
+    async def recording_slot(_source: str, _on_wait: Any) -> AsyncIterator[str]:
+        try:
+            yield "origin-0"
+        finally:  # what a waiting node could see when this slot frees
+            at_release.append((read_tree(env.dest) == WEIGHTS, env.manifests.load(REF.key) is not None))
+
+    env.reconciler.ctx.origin_slots = recording_slot
+    obj = ModelObject.from_dict(REF.kind, env.raw)
+    target = Target(URI, env.dest, env.layout.primary, StorageType.S3)
+    assert await env.fetcher.submit(REF.key, target.id, lambda job: env.reconciler._fetch(job, REF, obj, target, None))
+    await until(lambda: env.fetcher.job(REF.key) is None, "the fetch done", timeout=DEADLINE_S)
+    assert at_release == [(True, True)]  # published and recorded before the slot was released

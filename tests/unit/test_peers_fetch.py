@@ -20,17 +20,25 @@ from model_agent.peers.fetch import PeerFetcher
 from model_agent.peers.seeding import peer_aware_slots
 from model_agent.peers.server import BlobIndex, PeerServer
 from model_agent.transfer import RangedConfig, part_map_path
+from tests.support.waiting import until
 from tests.unit.test_peers_server import AGENT, FakeApi
 
 
 class FakeDirectory:
-    def __init__(self, holders: list[str]) -> None:
+    """Holders from a list; ``stale`` answers the cached look with no holders (an answer older than a label)."""
+
+    def __init__(self, holders: list[str], *, ready_here: bool = True, stale: bool = False) -> None:
         self.list = holders
         self.asked = 0
+        self.here = ready_here
+        self.stale = stale
 
-    async def holders(self, _uri: str) -> list[str]:
+    async def holders(self, _uri: str, *, fresh: bool = False) -> list[str]:
         self.asked += 1
-        return list(self.list)
+        return [] if self.stale and not fresh else list(self.list)
+
+    async def ready_here(self, _uri: str) -> bool:
+        return self.here
 
 
 @contextlib.asynccontextmanager
@@ -214,4 +222,5 @@ async def test_a_free_slot_is_held_and_released() -> None:
     hold = peer_aware_slots(slots.hold, FakeDirectory([]), poll_s=0.01)  # type: ignore[arg-type]
     async with hold("hf://o/m", lambda: None) as name:
         assert name == "origin-0" and slots.exited == 0
-    assert (slots.entered, slots.exited) == (1, 1)
+    await until(lambda: slots.exited == 1, "the slot released once this node is seen Ready")
+    assert slots.entered == 1

@@ -540,7 +540,26 @@ class Reconciler:
         previous: Manifest | None,
         superseded: Manifest | None = None,
     ) -> None:
-        """The body of a fetch job: download, verify, publish, parse, record. Runs in the fetcher pool."""
+        """The body of a fetch job: download, verify, publish, parse, record. Runs in the fetcher pool.
+
+        The fleet's origin slot (``ctx.origin_slots``) is taken before the download and left only when this
+        returns: once the copy is published and recorded (this node's peer server serves it from the manifest),
+        or on failure. Left between the download and the publish, it would let a waiting node start a second
+        origin fetch while no peer can serve the first one's bytes yet.
+        """
+        async with contextlib.AsyncExitStack() as slot:
+            await self._fetch_holding(job, ref, obj, target, previous, superseded, slot)
+
+    async def _fetch_holding(
+        self,
+        job: Job,
+        ref: ModelRef,
+        obj: ModelObject,
+        target: Target,
+        previous: Manifest | None,
+        superseded: Manifest | None,
+        slot: contextlib.AsyncExitStack,
+    ) -> None:
         ctx = self.ctx
         started = time.monotonic()
         labels = _metric_labels(ref)
@@ -598,26 +617,26 @@ class Reconciler:
             )
 
         try:
-            async with ctx.origin_slots(target.storage_uri, queued):
-                try:
-                    uid, generation = obj.metadata.uid, obj.metadata.generation
-                    await asyncio.to_thread(crashes.begin, ref.key, uid, generation, Step.LISTING)
-                    listing_open[0] = True
-                    result = await run_within_limits(
-                        source.fetch(request),
-                        lambda: job.progress,
-                        ctx.download_limits,
-                    )
-                except SourceError as exc:
-                    if rules.counts_listed_bytes and exc.reason == Reason.VERIFICATION_FAILED:
-                        ctx.metrics.verifications.labels(*labels, "failure").inc()
-                        if rules.md5_failure(exc):
-                            ctx.metrics.md5_failed.labels(*labels).inc()
-                    raise
-                finally:
-                    if listing_open[0]:  # ended (or failed) while listing, and this process lives: close the step
-                        listing_open[0] = False
-                        await asyncio.shield(asyncio.to_thread(crashes.end, ref.key))
+            await slot.enter_async_context(ctx.origin_slots(target.storage_uri, queued))  # left by _fetch
+            try:
+                uid, generation = obj.metadata.uid, obj.metadata.generation
+                await asyncio.to_thread(crashes.begin, ref.key, uid, generation, Step.LISTING)
+                listing_open[0] = True
+                result = await run_within_limits(
+                    source.fetch(request),
+                    lambda: job.progress,
+                    ctx.download_limits,
+                )
+            except SourceError as exc:
+                if rules.counts_listed_bytes and exc.reason == Reason.VERIFICATION_FAILED:
+                    ctx.metrics.verifications.labels(*labels, "failure").inc()
+                    if rules.md5_failure(exc):
+                        ctx.metrics.md5_failed.labels(*labels).inc()
+                raise
+            finally:
+                if listing_open[0]:  # ended (or failed) while listing, and this process lives: close the step
+                    listing_open[0] = False
+                    await asyncio.shield(asyncio.to_thread(crashes.end, ref.key))
             try:  # ownership again before publish: a model that comes first may have claimed the directory since
                 self.target_of(obj)
             except Invalid as exc:

@@ -9,8 +9,10 @@ digest this fetch's own origin listing promised and verified against it, so shar
 public content, never trusting another tenant.
 
 Contract: :meth:`PeerDirectory.holders` lists Nodes with a label selector (one ``LIST`` per label key),
-cached for ``cache_s`` per source so the files of one fetch cost one lookup; an API error gives no holders
-(the origin is used), it never fails the fetch.
+cached for ``cache_s`` per source so the files of one fetch cost one lookup (``fresh`` skips the cache); an
+API error gives no holders (the origin is used), it never fails the fetch. :meth:`PeerDirectory.ready_here`
+says whether this node's own Node is labelled Ready for a model of the source — what the other nodes'
+directories see — with one ``GET``; an API error answers no.
 """
 
 from __future__ import annotations
@@ -64,10 +66,10 @@ class PeerDirectory:
         self.cache_s = cache_s
         self._cache: dict[str, tuple[float, list[str]]] = {}
 
-    async def holders(self, uri: str) -> list[str]:
+    async def holders(self, uri: str, *, fresh: bool = False) -> list[str]:
         """Addresses of other nodes Ready for a model of ``uri`` (sorted; empty when none or unknown)."""
         cached = self._cache.get(uri)
-        if cached is not None and cached[0] > time.monotonic():
+        if cached is not None and cached[0] > time.monotonic() and not fresh:
             return cached[1]
         found: set[str] = set()
         for key in model_label_keys(uri, self.models()):
@@ -84,6 +86,19 @@ class PeerDirectory:
         holders = sorted(found)
         self._cache[uri] = (time.monotonic() + self.cache_s, holders)
         return holders
+
+    async def ready_here(self, uri: str) -> bool:
+        """Whether this node's Node is labelled Ready for a model of ``uri`` (what peers' directories read)."""
+        keys = model_label_keys(uri, self.models())
+        if not keys:
+            return False
+        try:
+            node = await self.client.request("GET", NODES.path(name=self.node_name))
+        except (ApiError, ApiUnavailable) as exc:
+            log.info("own node not readable; not seen Ready yet", error=str(exc)[:200])
+            return False
+        labels = (node.get("metadata") or {}).get("labels") or {}
+        return any(labels.get(key) == "Ready" for key in keys)
 
     async def advertise(self, address: str | None) -> None:
         """Write (or, with None, remove) this node's peer address annotation."""

@@ -7,26 +7,55 @@ origin without a slot, as a slot-less agent would). A fetch that has to wait for
 directory every ``poll_s`` meanwhile and stops waiting as soon as a holder appears. So with one slot the
 origin serves a model's bytes about once: to the first node, which then seeds the others.
 
-Contract: the wrapped hold is entered at most once and always left when entered (its release runs); an
-acquisition abandoned because a peer appeared is cancelled and, if it won the slot in that instant, the
-slot is released at once. Cancellation of the caller is never swallowed.
+The hand-over has no gap. The slot holder keeps its slot after its fetch is recorded until the cluster sees
+this node Ready for the source (:meth:`~model_agent.peers.directory.PeerDirectory.ready_here`: its Node label,
+which is what other nodes' directories read), at most ``linger_s``; and a node that wins a slot looks at the
+directory once more, uncached, and gives the slot back at once when a holder is there. Without the first, a
+waiting node could take the freed slot in the moment between publish and the Ready label and fetch the model
+from the origin a second time; without the second, it could act on a directory answer older than the label.
+
+Contract: the wrapped hold is entered at most once and always left when entered (its release runs; after a
+successful fetch from a background task this module tracks, which the agent's shutdown cancels, releasing the
+slot); an acquisition abandoned because a peer appeared is cancelled and, if it won the slot in that instant,
+the slot is released at once. A block that raises releases the slot at once. Cancellation of the caller is
+never swallowed.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager
 from typing import Any
 
+import structlog
+
 from model_agent.peers.directory import PeerDirectory
+
+log = structlog.get_logger(__name__)
 
 Hold = Callable[[str, Callable[[], None]], AbstractAsyncContextManager[Any]]
 
+LINGER_S = 60.0  # at most this long after the fetch is recorded (the Ready label normally follows within a second)
+SEEN_POLL_S = 0.5
 
-def peer_aware_slots(hold: Hold, directory: PeerDirectory, *, poll_s: float = 2.0) -> Hold:
-    """``hold`` that skips (or stops waiting for) the origin slot once a peer holds the source."""
+
+def peer_aware_slots(
+    hold: Hold,
+    directory: PeerDirectory,
+    *,
+    poll_s: float = 2.0,
+    linger_s: float = LINGER_S,
+    seen_poll_s: float = SEEN_POLL_S,
+    keepers: set[asyncio.Task[None]] | None = None,
+) -> Hold:
+    """``hold`` that skips (or stops waiting for) the origin slot once a peer holds the source.
+
+    ``keepers`` collects the tasks that keep a slot until this node is seen Ready (see the module docstring).
+    """
+    kept = keepers if keepers is not None else set()
 
     async def slot_or_peer(slot: AbstractAsyncContextManager[Any], source: str) -> tuple[bool, Any]:
         """Enter ``slot`` unless a peer appears first: ``(True, its value)`` when holding it, else ``(False, None)``."""
@@ -35,14 +64,31 @@ def peer_aware_slots(hold: Hold, directory: PeerDirectory, *, poll_s: float = 2.
             while True:
                 done, _ = await asyncio.wait([entering], timeout=poll_s)
                 if done:
-                    return True, entering.result()
-                if await directory.holders(source):
+                    name = entering.result()
                     break
+                if await directory.holders(source):
+                    await _abandon(entering, slot)
+                    return False, None
         except BaseException:
             await _abandon(entering, slot)
             raise
-        await _abandon(entering, slot)
-        return False, None
+        # Won a slot: a holder may have become visible since the last (cached) look; then the slot goes back.
+        try:
+            holders = await directory.holders(source, fresh=True)
+        except BaseException:
+            await slot.__aexit__(None, None, None)
+            raise
+        if holders:
+            await slot.__aexit__(None, None, None)
+            return False, None
+        return True, name
+
+    def keep_until_seen(slot: AbstractAsyncContextManager[Any], source: str) -> None:
+        task = asyncio.get_running_loop().create_task(
+            _keep_until_seen(slot, directory, source, linger_s, seen_poll_s), name=f"origin slot of {source}"
+        )
+        kept.add(task)
+        task.add_done_callback(kept.discard)
 
     @contextlib.asynccontextmanager
     async def peer_or_slot(source: str, on_wait: Callable[[], None]) -> AsyncIterator[Any]:
@@ -54,11 +100,30 @@ def peer_aware_slots(hold: Hold, directory: PeerDirectory, *, poll_s: float = 2.
         if not holding:
             yield ""
             return
-        async with contextlib.AsyncExitStack() as stack:
-            stack.push_async_exit(slot.__aexit__)
+        try:
             yield name
+        except BaseException as exc:
+            await slot.__aexit__(type(exc), exc, exc.__traceback__)
+            raise
+        keep_until_seen(slot, source)  # the fetch is recorded: the slot goes once peers can see this node Ready
 
     return peer_or_slot
+
+
+async def _keep_until_seen(
+    slot: AbstractAsyncContextManager[Any], directory: PeerDirectory, source: str, linger_s: float, poll_s: float
+) -> None:
+    """Leave ``slot`` once this node is Ready for ``source`` in the cluster's eyes, or after ``linger_s``."""
+    deadline = time.monotonic() + linger_s
+    try:
+        while time.monotonic() < deadline:
+            if await directory.ready_here(source):
+                break
+            await asyncio.sleep(poll_s)
+        else:
+            log.info("origin slot released before this node was seen Ready", source=source, after_s=linger_s)
+    finally:
+        await slot.__aexit__(None, None, None)
 
 
 async def _abandon(entering: asyncio.Future[Any], slot: AbstractAsyncContextManager[Any]) -> None:

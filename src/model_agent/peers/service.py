@@ -73,10 +73,13 @@ class PeerService:
         )
         metrics.peer_upload_rate_limit.set(config.upload_rate)
         self.advertised = ""
+        # Origin slots kept after a fetch until peers can see this node Ready (.seeding); cancelled (released)
+        # when the service stops.
+        self.slot_keepers: set[asyncio.Task[None]] = set()
 
     def slots(self, hold: Hold) -> Hold:
         """The origin-slot hold made peer-aware (:mod:`.seeding`)."""
-        return peer_aware_slots(hold, self.directory)
+        return peer_aware_slots(hold, self.directory, keepers=self.slot_keepers)
 
     def on_origin_bytes(self, n: int) -> None:
         """Count bytes a source took from the origin."""
@@ -98,6 +101,10 @@ class PeerService:
                     await asyncio.sleep(ADVERTISE_RETRY_S)
             await asyncio.Event().wait()
         finally:
+            for keeper in list(self.slot_keepers):
+                keeper.cancel()
+            if self.slot_keepers:
+                await asyncio.wait(list(self.slot_keepers))
             await self.server.stop()
 
     def status(self) -> dict[str, Any]:
@@ -111,6 +118,7 @@ class PeerService:
             "banned": self.bans.current(),
             "bansTotal": self.bans.total,
             "tokenReviews": self.reviewer.reviews,
+            "originSlotsKept": len(self.slot_keepers),
         }
 
 
