@@ -12,13 +12,16 @@ import hashlib
 import json
 import re
 from collections.abc import AsyncIterator
+from datetime import UTC, datetime
 from pathlib import Path
 
 import aiohttp
 import pytest
 from aiohttp import web
 
+from model_agent.agent.origin_slots import lease_names
 from model_agent.kube.client import ApiError
+from model_agent.kube.resources import LEASES
 from model_agent.model.keys import configmap_key, node_label_key
 from model_agent.peers import DEFAULT_AUDIENCE
 from testbed.agent_process import AgentProcess
@@ -26,7 +29,7 @@ from testbed.models import tiny_llama
 from testbed.ports import free_port
 from testbed.servers.olah import DEFAULT_LFS_PATTERNS, OlahServer, create_model_repo
 from tests.e2e.conftest import AgentFactory
-from tests.support.kube import Kube, cbm
+from tests.support.kube import Kube, bm, cbm
 from tests.support.waiting import eventually
 
 pytestmark = pytest.mark.e2e
@@ -132,6 +135,31 @@ async def bytes_by_source(kube: Kube, agent: AgentProcess, name: str) -> dict[st
     return recorded
 
 
+async def hold_origin_slot(kube: Kube, uri: str, holder: str) -> str:
+    """Take the source's one origin slot (its Lease) for ``holder``, as a node in the middle of a fetch would."""
+    name = lease_names(uri, 1)[0]
+    now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    spec = {"holderIdentity": holder, "leaseDurationSeconds": 3600, "acquireTime": now, "renewTime": now}
+    try:
+        lease = await kube.c.request("GET", LEASES.path("ome", name))
+    except ApiError as exc:
+        if exc.status != 404:
+            raise
+        body = {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "metadata": {"name": name}, "spec": spec}
+        await kube.c.request("POST", LEASES.path("ome"), body=body)
+        return name
+    lease["spec"] = spec
+    await kube.c.request("PUT", LEASES.path("ome", name), body=lease)
+    return name
+
+
+async def release_origin_slot(kube: Kube, name: str) -> None:
+    lease = await kube.c.request("GET", LEASES.path("ome", name))
+    lease["spec"]["holderIdentity"] = ""
+    lease["spec"]["renewTime"] = "2000-01-01T00:00:00.000000Z"
+    await kube.c.request("PUT", LEASES.path("ome", name), body=lease)
+
+
 def on_disk(root: Path, files: dict[str, bytes]) -> bool:
     """Whether every file of the model is under ``root`` with exactly its bytes."""
     return all((root / "m" / rel).read_bytes() == data for rel, data in files.items())
@@ -220,6 +248,41 @@ async def test_peers_serve_the_fleet_a_liar_is_banned_and_the_service_off_falls_
         assert came_from[agent.node]["peer"] >= 0.5 * total, came_from
         assert sum(came_from[agent.node].values()) == repo_bytes, came_from  # each byte counted once
     assert came_from[off.node]["peer"] == 0 and came_from[off.node]["origin"] >= 0.99 * total
+
+    # 4. a tenant's BaseModel of the same source on a peer-enabled node: four peers hold the source Ready, yet it
+    # takes no byte from them and queues for the origin slot (held here by another node) instead of skipping it
+    tenant_ns = f"tenant-{unique}"
+    await kube.ensure_namespace(tenant_ns)
+    tenant = await make_agent(
+        labels={"peer-test": group},
+        args=(*args, "--tenant-address-allow", "127.0.0.0/8"),
+        env=peer_env(token, free_port()),
+    )
+    slot = await hold_origin_slot(kube, uri, "another-node")
+    tenant_name = f"peers-tenant-{unique}"
+    tenant_label = node_label_key("BaseModel", tenant_ns, tenant_name)
+    tenant_key = configmap_key("BaseModel", tenant_ns, tenant_name)
+    selector = {"kubernetes.io/hostname": tenant.node}
+    await kube.apply(bm(tenant_ns, tenant_name, uri, str(tenant.models_root / tenant_ns / "m"), nodeSelector=selector))
+
+    async def tenant_queued() -> bool:
+        entry = await kube.entry(tenant.node, tenant_key) or {}
+        return (entry.get("progress") or {}).get("phase") == "queued"
+
+    await eventually(tenant_queued, timeout=60, what="the tenant's fetch queued for the origin slot")
+    assert (await kube.node_labels(tenant.node)).get(tenant_label) == "Updating"
+    await release_origin_slot(kube, slot)
+
+    async def tenant_ready() -> bool:
+        return (await kube.node_labels(tenant.node)).get(tenant_label) == "Ready"
+
+    await eventually(tenant_ready, timeout=90, what="the tenant's model Ready once the slot is free")
+    tenant_entry = await kube.entry(tenant.node, tenant_key) or {}
+    assert tenant_entry.get("bytesBySource") == {"origin": repo_bytes, "peer": 0, "sharedRoot": 0}, tenant_entry
+    assert origin_bytes(olah, repo).get(tenant.node, 0) >= repo_bytes  # counted at the origin, every byte
+    assert tenant.metric("model_agent_fetched_bytes_by_source_total", source="peer") == 0
+    assert all((tenant.models_root / tenant_ns / "m" / rel).read_bytes() == data for rel, data in files.items())
+    await kube.delete_model("BaseModel", tenant_name, tenant_ns)
 
     # 3. the peer server refuses a token without the audience (403) and no token (401)
     no_audience = (await mint_token(kube, tmp_path, None, "plain-token")).read_text()

@@ -187,7 +187,7 @@ async def test_the_reconciler_holds_the_slot_until_the_copy_is_published_and_rec
     at_release: list[tuple[bool, bool]] = []
 
     @contextlib.asynccontextmanager
-    async def recording_slot(_source: str, _on_wait: Any) -> AsyncIterator[str]:
+    async def recording_slot(_source: str, _on_wait: Any, **_kw: Any) -> AsyncIterator[str]:
         try:
             yield "origin-0"
         finally:  # what a waiting node could see when this slot frees

@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
 from aiohttp import web
 
 from model_agent.local.manifest import FileRecord, Manifest
@@ -19,6 +20,7 @@ from model_agent.peers.bans import Bans
 from model_agent.peers.fetch import PeerFetcher
 from model_agent.peers.seeding import peer_aware_slots
 from model_agent.peers.server import BlobIndex, PeerServer
+from model_agent.sources.egress import CLUSTER_KIND, NAMESPACED_KIND, Owner
 from model_agent.transfer import RangedConfig, part_map_path
 from tests.support.waiting import until
 from tests.unit.test_peers_server import AGENT, FakeApi
@@ -175,7 +177,7 @@ class FakeSlots:
         self.entered = 0
         self.exited = 0
 
-    def hold(self, _source: str, on_wait: Callable[[], None]) -> Any:
+    def hold(self, _source: str, on_wait: Callable[[], None], **_kw: Any) -> Any:
         slots = self
 
         @contextlib.asynccontextmanager
@@ -224,3 +226,41 @@ async def test_a_free_slot_is_held_and_released() -> None:
         assert name == "origin-0" and slots.exited == 0
     await until(lambda: slots.exited == 1, "the slot released once this node is seen Ready")
     assert slots.entered == 1
+
+
+TENANT = Owner(NAMESPACED_KIND, "team-a")  # a BaseModel outside --trusted-namespace (none is trusted here)
+
+
+@pytest.mark.parametrize(
+    ("source", "owner"),
+    [("hf://o/m", TENANT), ("s3://bucket/m", None)],  # a tenant; a source that never asks peers
+)
+async def test_a_fetch_that_takes_nothing_from_peers_queues_for_its_slot_even_when_a_peer_holds_it(
+    source: str, owner: Owner | None
+) -> None:
+    slots = FakeSlots()
+    directory = FakeDirectory(["a:1"])
+    hold = peer_aware_slots(slots.hold, directory, poll_s=0.01)  # type: ignore[arg-type]
+    queued, names = asyncio.Event(), []
+
+    async def fetch() -> None:
+        async with hold(source, queued.set, owner=owner) as name:
+            names.append(name)
+
+    task = asyncio.create_task(fetch())
+    async with asyncio.timeout(5):
+        await queued.wait()
+    assert names == [] and slots.entered == 0  # waiting in the queue, not skipping it for the peer
+    slots.free.set()
+    async with asyncio.timeout(5):
+        await task
+    assert names == ["origin-0"] and (slots.entered, slots.exited) == (1, 1)  # released at once: no peer to wait for
+    assert directory.asked == 0  # peers were not even looked at
+
+
+async def test_a_trusted_fetch_of_the_same_source_skips_the_queue() -> None:
+    slots = FakeSlots()
+    hold = peer_aware_slots(slots.hold, FakeDirectory(["a:1"]), poll_s=0.01)  # type: ignore[arg-type]
+    async with hold("hf://o/m", lambda: None, owner=Owner(CLUSTER_KIND)) as name:
+        assert name == ""
+    assert slots.entered == 0

@@ -16,6 +16,7 @@ from model_agent.peers.bans import Bans
 from model_agent.peers.fetch import PeerFetcher
 from model_agent.sources.base import Progress
 from model_agent.sources.byte_sources import SourcedProgress, by_source
+from model_agent.sources.egress import NAMESPACED_KIND, Owner
 from model_agent.sources.hf import HuggingFaceSource
 from model_agent.transfer import RangedConfig
 from tests.support.waiting import until
@@ -83,3 +84,20 @@ async def test_the_fetcher_keeps_a_finished_fetchs_counts_until_the_next_fetch_o
     fetcher.clear_failure(key)  # the model went away
     assert fetcher.bytes_by_source(key) is None
     await fetcher.stop()
+
+
+async def test_a_tenant_takes_no_bytes_from_peers(
+    fakes: tuple[Fakes, dict[str, bytes]],  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    f, files = fakes
+    async with peer(tmp_path / "peer", files["model.safetensors"]) as address:
+        seen: list[Progress] = []
+        request = request_for(tmp_path)
+        request.on_progress = seen.append
+        request.owner = Owner(NAMESPACED_KIND, "team-a")  # a BaseModel outside --trusted-namespace
+        await hf_with_peers(f, address).fetch(request)
+    total = sum(len(b) for b in files.values())
+    assert by_source(seen[-1]) == BytesBySource(origin=total, peer=0)  # every byte from the origin
+    weights = hashlib.sha256(files["model.safetensors"]).hexdigest()
+    assert weights in {s.path.rsplit("/", 1)[-1] for s in f.cdn}  # the weights too, from the CDN

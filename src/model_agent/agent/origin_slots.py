@@ -24,13 +24,16 @@ import hashlib
 import random
 from collections.abc import AsyncIterator, Callable
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import structlog
 
 from model_agent.kube import objects
 from model_agent.kube.client import ApiError, ApiUnavailable, KubeClient
 from model_agent.kube.resources import LEASES
+
+if TYPE_CHECKING:
+    from model_agent.sources.egress import Owner
 
 log = structlog.get_logger(__name__)
 
@@ -84,10 +87,14 @@ class OriginSlots:
         self._rng = rng or random.Random()
 
     @contextlib.asynccontextmanager
-    async def hold(self, source: str, on_wait: Callable[[], None] = lambda: None) -> AsyncIterator[str]:
+    async def hold(
+        self, source: str, on_wait: Callable[[], None] = lambda: None, *, owner: Owner | None = None
+    ) -> AsyncIterator[str]:
         """Hold a slot of ``source`` for the ``async with`` block, renewing it; ``on_wait`` hears that all are busy.
 
         Yields the Lease's name (``""`` when slots are off); the slot is released on leaving, whatever happens.
+        ``owner`` (who the fetch is for) changes nothing here: every owner queues for the same slots (peer
+        distribution uses it, :mod:`model_agent.peers.seeding`).
         """
         if self.slots <= 0:
             yield ""

@@ -139,8 +139,8 @@ class Context:
     models_store: dict[str, Any]  # kind -> Store
     requeue_after: Any  # Callable[[str, float], None]
     busy: Callable[[], bool] = lambda: False
-    # An async context manager factory: (source, on_wait) -> holds one of the fleet's origin slots.
-    origin_slots: Callable[[str, Callable[[], None]], Any] = lambda _source, _on_wait: contextlib.nullcontext()
+    # An async context manager factory: (source, on_wait, owner=) -> holds one of the fleet's origin slots.
+    origin_slots: Callable[..., Any] = lambda _source, _on_wait, **_kw: contextlib.nullcontext()
     # Sources by storage type besides ``hf`` (which serves HUGGINGFACE); a type listed here is fetchable.
     sources: dict[StorageType, Source] = field(default_factory=dict)
     # INSTANCE_TYPE_MAP (spec 3.1): node instance type -> shape alias, for the TensorRT-LLM filter.
@@ -617,7 +617,8 @@ class Reconciler:
             )
 
         try:
-            await slot.enter_async_context(ctx.origin_slots(target.storage_uri, queued))  # left by _fetch
+            # Left by _fetch. The owner: a tenant takes no bytes from peers, so it never skips the queue for them.
+            await slot.enter_async_context(ctx.origin_slots(target.storage_uri, queued, owner=request.owner))
             try:
                 uid, generation = obj.metadata.uid, obj.metadata.generation
                 await asyncio.to_thread(crashes.begin, ref.key, uid, generation, Step.LISTING)

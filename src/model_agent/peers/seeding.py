@@ -5,7 +5,10 @@ of a source that some peer already holds Ready does not take an origin slot at a
 peers; the few the peers cannot give, e.g. small files the origin lists without a sha256, come from the
 origin without a slot, as a slot-less agent would). A fetch that has to wait for a slot looks at the
 directory every ``poll_s`` meanwhile and stops waiting as soon as a holder appears. So with one slot the
-origin serves a model's bytes about once: to the first node, which then seeds the others.
+origin serves a model's bytes about once: to the first node, which then seeds the others. Only a fetch that
+takes bytes from peers does either (:func:`model_agent.peers.takes_from_peers`: a trusted owner, an ``hf://``
+source): a tenant's fetch, or one of a source that never asks peers, goes to the origin for every byte, so
+it queues for its slot exactly as without peers, whoever holds the source.
 
 The hand-over has no gap. The slot holder keeps its slot after its fetch is recorded until the cluster sees
 this node Ready for the source (:meth:`~model_agent.peers.directory.PeerDirectory.ready_here`: its Node label,
@@ -28,15 +31,26 @@ import contextlib
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import structlog
 
+from model_agent.peers import takes_from_peers
 from model_agent.peers.directory import PeerDirectory
+
+if TYPE_CHECKING:
+    from model_agent.sources.egress import Owner
 
 log = structlog.get_logger(__name__)
 
-Hold = Callable[[str, Callable[[], None]], AbstractAsyncContextManager[Any]]
+
+class Hold(Protocol):
+    """An origin-slot hold: ``hold(source, on_wait, owner=...)`` is an async context manager holding a slot."""
+
+    def __call__(
+        self, source: str, on_wait: Callable[[], None], *, owner: Owner | None = None
+    ) -> AbstractAsyncContextManager[Any]: ...
+
 
 LINGER_S = 60.0  # at most this long after the fetch is recorded (the Ready label normally follows within a second)
 SEEN_POLL_S = 0.5
@@ -91,11 +105,17 @@ def peer_aware_slots(
         task.add_done_callback(kept.discard)
 
     @contextlib.asynccontextmanager
-    async def peer_or_slot(source: str, on_wait: Callable[[], None]) -> AsyncIterator[Any]:
+    async def peer_or_slot(
+        source: str, on_wait: Callable[[], None], *, owner: Owner | None = None
+    ) -> AsyncIterator[Any]:
+        if not takes_from_peers(source, owner):  # every byte from the origin: the queue as without peers
+            async with hold(source, on_wait, owner=owner) as name:
+                yield name
+            return
         if await directory.holders(source):
             yield ""
             return
-        slot = hold(source, on_wait)
+        slot = hold(source, on_wait, owner=owner)
         holding, name = await slot_or_peer(slot, source)
         if not holding:
             yield ""

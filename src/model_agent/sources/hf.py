@@ -51,7 +51,7 @@ from urllib.parse import urljoin, urlsplit
 from model_agent.local.capacity import REGISTRY, Reservation, is_disk_full
 from model_agent.local.manifest import FileRecord, file_digest
 from model_agent.model.uris import parse_hf_uri
-from model_agent.sources import egress
+from model_agent.peers import takes_from_peers
 from model_agent.sources.base import FetchRequest, FetchResult, ResolveRecords, SourceError, SourceRules
 from model_agent.sources.byte_sources import SourcedProgress
 from model_agent.transfer import (
@@ -269,7 +269,7 @@ class HuggingFaceSource:
         # Peers hold what the platform fetched, gated repos included: only a trusted owner (a ClusterBaseModel, a
         # --trusted-namespace BaseModel: who may use the platform's HF_TOKEN) may take bytes from them, or a tenant
         # who knows a digest would get weights its own credentials cannot read.
-        from_peers = egress.is_trusted(request.owner, egress.current())
+        from_peers = takes_from_peers(request.storage_uri, request.owner)
         async with engine_session(self.ranged) as engine, self._peer_session() as peer_engine:
 
             def on_bytes(n: int) -> None:
