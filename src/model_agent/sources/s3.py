@@ -81,18 +81,18 @@ from typing import TYPE_CHECKING, Any
 
 from model_agent.local.capacity import REGISTRY, CapacityRegistry
 from model_agent.model.reasons import Reason
-from model_agent.model.uris import InvalidStorageUri, parse_s3_uri
+from model_agent.model.uris import parse_s3_uri
 from model_agent.sources.base import FetchRequest, FetchResult, Progress, SourceError, SourceRules
 from model_agent.sources.egress import CredentialUse, Guard, credential_for, current, guard_for
 from model_agent.sources.listing import ListingBudget
 from model_agent.sources.objects import (
     ObjectGet,
+    ObjectStoreFetch,
     RemoteObject,
     SignedUrls,
-    Transfer,
-    fetch_listed,
     folder_prefix,
     listed_object,
+    parsed_uri,
 )
 from model_agent.transfer import Expected, RangedConfig, b64_to_hex
 
@@ -164,10 +164,7 @@ def credentials_from_secret(data: Mapping[str, str] | None) -> S3Credentials | N
 
 def settings_for(request: FetchRequest) -> S3Settings:
     """Bucket, prefix, endpoint, region, addressing and credentials of one fetch, or a SourceError."""
-    try:
-        uri = parse_s3_uri(request.storage_uri)
-    except InvalidStorageUri as exc:
-        raise SourceError(Reason.INVALID_STORAGE_URI, str(exc), retryable=False) from None
+    uri = parsed_uri(parse_s3_uri, request)
     params = request.parameters
     style = (params.get(PARAM_ADDRESSING) or "auto").strip().lower()
     if style not in ("auto", "path", "virtual"):
@@ -276,7 +273,7 @@ def _classify(exc: BaseException, label: str, *, tenant: bool = False) -> Source
     return SourceError(Reason.SOURCE_ERROR, f"{label}: {type(exc).__name__}: {detail}")
 
 
-class S3Source:
+class S3Source(ObjectStoreFetch):
     """The ``s3://`` source; one instance serves every S3 model of the agent (clients are cached)."""
 
     rules = SourceRules()  # the Secret of spec.storage.key, when one is named
@@ -393,11 +390,4 @@ class S3Source:
                 raise _classify(exc, settings.label(obj.key), tenant=settings.guard is not None) from exc
             return ObjectGet(expected_from_head(head), presigner.for_key(obj.key))
 
-        return await fetch_listed(
-            request,
-            objects,
-            label=settings.label,
-            capacity=self.capacity,
-            progress=progress,
-            transfer=Transfer(self.ranged, self.max_parallel_files, prepare),
-        )
+        return await self.fetch_objects(request, objects, label=settings.label, progress=progress, prepare=prepare)
