@@ -60,6 +60,7 @@ def _timed(fn: Callable[..., Any], totals: dict[str, float], key: str, lock: thr
 
 
 def child(url: str, dest: Path, size: int, sha: str, variant: str, src: Path) -> dict[str, Any]:
+    # --src: the A/B feature (as bench/ranged.py's): this child measures the engine of the tree it is given
     sys.path.insert(0, str(src))
     from model_agent.transfer import Expected, RangedConfig, RangedDownloader, hashing, job, splice
 
@@ -69,7 +70,7 @@ def child(url: str, dest: Path, size: int, sha: str, variant: str, src: Path) ->
         fn = (lambda *_a, **_k: None) if variant.startswith("nohash") else getattr(hashing, name)
         setattr(hashing, name, _timed(fn, totals, "hash", lock))
     splice.write_from_pipe = _timed(splice.write_from_pipe, totals, "write", lock)
-    job._pwrite_all = _timed(job._pwrite_all, totals, "write", lock)  # type: ignore[attr-defined]
+    job._pwrite_all = _timed(job._pwrite_all, totals, "write", lock)
     checksums = {} if variant.startswith("nohash") else {"sha256": sha}
     config = RangedConfig(splice=not variant.endswith("-copy"))
     main_id = threading.get_native_id()
