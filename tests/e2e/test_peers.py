@@ -278,6 +278,7 @@ async def test_peers_serve_the_fleet_a_liar_is_banned_and_the_service_off_falls_
 
     await eventually(tenant_ready, timeout=90, what="the tenant's model Ready once the slot is free")
     tenant_entry = await kube.entry(tenant.node, tenant_key) or {}
+    print(f"peers e2e: tenant BaseModel bytesBySource {tenant_entry.get('bytesBySource')}")
     assert tenant_entry.get("bytesBySource") == {"origin": repo_bytes, "peer": 0, "sharedRoot": 0}, tenant_entry
     assert origin_bytes(olah, repo).get(tenant.node, 0) >= repo_bytes  # counted at the origin, every byte
     assert tenant.metric("model_agent_fetched_bytes_by_source_total", source="peer") == 0
