@@ -20,6 +20,7 @@ from model_agent.kube.resources import LEASES
 from model_agent.model.resources import ModelObject
 from model_agent.model.uris import StorageType
 from model_agent.peers.seeding import peer_aware_slots
+from model_agent.sources import egress
 from tests.support.fake_kube import FakeKubeClient, not_found
 from tests.support.waiting import always, until
 from tests.unit.test_fetch_cancel import REF, URI, WEIGHTS, Env, env, read_tree  # noqa: F401  (env: the fixture)
@@ -126,7 +127,14 @@ def holder_of(api: LeaseApi) -> str:
 
 def peer_aware(api: LeaseApi, node: str, directory: FakeDirectory, **kw: Any) -> Any:
     slots = OriginSlots(api, NS, node, 1, lease_s=30, poll_s=0.01)  # type: ignore[arg-type]
-    return peer_aware_slots(slots.hold, directory, poll_s=0.01, seen_poll_s=0.01, **kw)  # type: ignore[arg-type]
+    return peer_aware_slots(
+        slots.hold,
+        directory,  # type: ignore[arg-type]
+        takes_from_peers=egress.takes_from_peers,
+        poll_s=0.01,
+        seen_poll_s=0.01,
+        **kw,
+    )
 
 
 async def test_the_slot_is_kept_until_peers_see_the_copy_and_the_waiting_node_takes_it_from_the_peer() -> None:

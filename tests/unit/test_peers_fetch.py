@@ -18,8 +18,9 @@ from model_agent.local.manifest import FileRecord, Manifest
 from model_agent.peers.auth import TokenReviewer
 from model_agent.peers.bans import Bans
 from model_agent.peers.fetch import PeerFetcher
-from model_agent.peers.seeding import peer_aware_slots
+from model_agent.peers.seeding import Hold, peer_aware_slots
 from model_agent.peers.server import BlobIndex, PeerServer
+from model_agent.sources import egress
 from model_agent.sources.egress import CLUSTER_KIND, NAMESPACED_KIND, Owner
 from model_agent.transfer import RangedConfig, part_map_path
 from tests.support.waiting import until
@@ -193,9 +194,14 @@ class FakeSlots:
         return cm()
 
 
+def peer_aware(hold: Any, directory: Any) -> Hold:
+    """The peer-aware hold under test, with the product's peer rule and a fast poll."""
+    return peer_aware_slots(hold, directory, takes_from_peers=egress.takes_from_peers, poll_s=0.01)
+
+
 async def test_no_slot_is_taken_when_a_peer_already_holds_the_source() -> None:
     slots = FakeSlots()
-    hold = peer_aware_slots(slots.hold, FakeDirectory(["a:1"]), poll_s=0.01)  # type: ignore[arg-type]
+    hold = peer_aware(slots.hold, FakeDirectory(["a:1"]))
     async with hold("hf://o/m", lambda: None) as name:
         assert name == ""
     assert slots.entered == 0
@@ -204,7 +210,7 @@ async def test_no_slot_is_taken_when_a_peer_already_holds_the_source() -> None:
 async def test_waiting_for_a_slot_stops_when_a_peer_becomes_ready() -> None:
     slots = FakeSlots()
     directory = FakeDirectory([])
-    hold = peer_aware_slots(slots.hold, directory, poll_s=0.01)  # type: ignore[arg-type]
+    hold = peer_aware(slots.hold, directory)
 
     async def later() -> None:
         while directory.asked < 3:
@@ -221,7 +227,7 @@ async def test_waiting_for_a_slot_stops_when_a_peer_becomes_ready() -> None:
 async def test_a_free_slot_is_held_and_released() -> None:
     slots = FakeSlots()
     slots.free.set()
-    hold = peer_aware_slots(slots.hold, FakeDirectory([]), poll_s=0.01)  # type: ignore[arg-type]
+    hold = peer_aware(slots.hold, FakeDirectory([]))
     async with hold("hf://o/m", lambda: None) as name:
         assert name == "origin-0" and slots.exited == 0
     await until(lambda: slots.exited == 1, "the slot released once this node is seen Ready")
@@ -240,7 +246,7 @@ async def test_a_fetch_that_takes_nothing_from_peers_queues_for_its_slot_even_wh
 ) -> None:
     slots = FakeSlots()
     directory = FakeDirectory(["a:1"])
-    hold = peer_aware_slots(slots.hold, directory, poll_s=0.01)  # type: ignore[arg-type]
+    hold = peer_aware(slots.hold, directory)
     queued, names = asyncio.Event(), []
 
     async def fetch() -> None:
@@ -260,7 +266,7 @@ async def test_a_fetch_that_takes_nothing_from_peers_queues_for_its_slot_even_wh
 
 async def test_a_trusted_fetch_of_the_same_source_skips_the_queue() -> None:
     slots = FakeSlots()
-    hold = peer_aware_slots(slots.hold, FakeDirectory(["a:1"]), poll_s=0.01)  # type: ignore[arg-type]
+    hold = peer_aware(slots.hold, FakeDirectory(["a:1"]))
     async with hold("hf://o/m", lambda: None, owner=Owner(CLUSTER_KIND)) as name:
         assert name == ""
     assert slots.entered == 0

@@ -47,6 +47,7 @@ from model_agent.model.uris import StorageType
 from model_agent.ops.events import EventRecorder
 from model_agent.ops.metrics import Metrics
 from model_agent.peers.service import PeerService
+from model_agent.sources import egress
 from model_agent.sources.cloud import CloudSource
 from model_agent.sources.hf import HuggingFaceSource
 from model_agent.sources.oci import OciSource
@@ -212,7 +213,9 @@ class Wiring:
                     StorageType.AZURE: cloud,
                 },
                 instance_type_map=parse_instance_type_map(os.environ.get(INSTANCE_TYPE_MAP_ENV)),
-                origin_slots=self.peers.slots(self.origin.hold) if self.peers is not None else self.origin.hold,
+                origin_slots=self.peers.slots(self.origin.hold, egress.takes_from_peers)
+                if self.peers is not None
+                else self.origin.hold,
                 download_limits=settings.download_limits(),
                 max_failed_per_namespace=settings.max_failed_per_namespace,
                 tenant_local_allow=tuple(settings.tenant_local_allow),

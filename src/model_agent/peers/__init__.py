@@ -24,35 +24,25 @@ Guarantees:
    caps its upload rate (token bucket) and the requests in flight per peer (429 over the limit).
 5. **Off unless asked.** ``PeerConfig.enabled`` is false by default (drop-in compatibility with OME's
    flags); the Helm chart turns it on.
-6. **Trusted owners only.** :func:`takes_from_peers` is the one rule: peers hold what the platform fetched
-   with its own credentials (gated repos included), so only a fetch that may use them (a ClusterBaseModel,
-   a ``--trusted-namespace`` BaseModel: :func:`model_agent.sources.egress.is_trusted`) of a source that asks
-   peers (``hf://``) takes bytes from peers; and only such a fetch skips the origin-slot queue because a peer
-   holds the source (:mod:`.seeding`). A tenant's fetch queues for its origin slot like any fetch without
-   peers: it gets every byte from the origin.
+6. **Trusted owners only.** :func:`model_agent.sources.egress.takes_from_peers` is the one rule (a tenancy rule, so
+   it lives with the others in ``sources``, above this package; the agent hands it to :mod:`.seeding`): peers hold
+   what the platform fetched with its own credentials (gated repos included), so only a fetch that may use them (a
+   ClusterBaseModel, a ``--trusted-namespace`` BaseModel: :func:`model_agent.sources.egress.is_trusted`) of a
+   source that asks peers (``hf://``) takes bytes from peers; and only such a fetch skips the origin-slot queue
+   because a peer holds the source (:mod:`.seeding`). A tenant's fetch queues for its origin slot like any fetch
+   without peers: it gets every byte from the origin.
 """
 
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from model_agent.sources.egress import Owner
 
 PEER_ADDRESS_ANNOTATION = "models.ome.io/peer-address"
 DEFAULT_AUDIENCE = "model-agent-peer"
 DEFAULT_PORT = 8090
 # Sources whose fetch asks peers before the origin (model_agent.sources.hf); others fetch from the origin only.
 PEER_SCHEMES = ("hf://",)
-
-
-def takes_from_peers(storage_uri: str, owner: Owner | None) -> bool:
-    """Whether a fetch of ``storage_uri`` for ``owner`` may take bytes from peers (guarantee 6 above)."""
-    from model_agent.sources import egress
-
-    return storage_uri.startswith(PEER_SCHEMES) and egress.is_trusted(owner, egress.current())
 
 
 @dataclass(frozen=True)

@@ -3,12 +3,12 @@
 :func:`peer_aware_slots` wraps the fleet's origin-slot hold (:mod:`model_agent.agent.origin_slots`). A fetch
 of a source that some peer already holds Ready does not take an origin slot at all (its files come from
 peers; the few the peers cannot give, e.g. small files the origin lists without a sha256, come from the
-origin without a slot, as a slot-less agent would). A fetch that has to wait for a slot looks at the
-directory every ``poll_s`` meanwhile and stops waiting as soon as a holder appears. So with one slot the
-origin serves a model's bytes about once: to the first node, which then seeds the others. Only a fetch that
-takes bytes from peers does either (:func:`model_agent.peers.takes_from_peers`: a trusted owner, an ``hf://``
-source): a tenant's fetch, or one of a source that never asks peers, goes to the origin for every byte, so
-it queues for its slot exactly as without peers, whoever holds the source.
+origin without a slot, as a slot-less agent would). A fetch that has to wait for a slot looks at the directory
+every ``poll_s`` meanwhile and stops waiting as soon as a holder appears. So with one slot the origin serves a
+model's bytes about once: to the first node, which then seeds the others. Only a fetch that takes bytes from peers
+does either (the ``takes_from_peers`` rule it is handed, :func:`model_agent.sources.egress.takes_from_peers`: a
+trusted owner, an ``hf://`` source): a tenant's fetch, or one of a source that never asks peers, goes to the origin
+for every byte, so it queues for its slot exactly as without peers, whoever holds the source.
 
 The hand-over has no gap. The slot holder keeps its slot after its fetch is recorded until the cluster sees
 this node Ready for the source (:meth:`~model_agent.peers.directory.PeerDirectory.ready_here`: its Node label,
@@ -31,15 +31,15 @@ import contextlib
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 import structlog
 
-from model_agent.peers import takes_from_peers
 from model_agent.peers.directory import PeerDirectory
 
-if TYPE_CHECKING:
-    from model_agent.sources.egress import Owner
+# The owner of a fetch (a ``model_agent.sources.egress.Owner``), passed through untouched: this package sits
+# below ``sources`` and only hands it to the rule and the hold it was given.
+Owner = Any
 
 log = structlog.get_logger(__name__)
 
@@ -63,11 +63,14 @@ def peer_aware_slots(
     poll_s: float = 2.0,
     linger_s: float = LINGER_S,
     seen_poll_s: float = SEEN_POLL_S,
+    takes_from_peers: Callable[[str, Owner | None], bool],
     keepers: set[asyncio.Task[None]] | None = None,
 ) -> Hold:
     """``hold`` that skips (or stops waiting for) the origin slot once a peer holds the source.
 
-    ``keepers`` collects the tasks that keep a slot until this node is seen Ready (see the module docstring).
+    ``takes_from_peers(source, owner)`` says whether a fetch may take bytes from peers at all; one that may not
+    queues for its slot as without peers. ``keepers`` collects the tasks that keep a slot until this node is
+    seen Ready (see the module docstring).
     """
     kept = keepers if keepers is not None else set()
 

@@ -23,7 +23,7 @@ from model_agent.peers.auth import TokenFile, TokenReviewer, service_account_use
 from model_agent.peers.bans import Bans
 from model_agent.peers.directory import PeerDirectory
 from model_agent.peers.fetch import PeerFetcher
-from model_agent.peers.seeding import Hold, peer_aware_slots
+from model_agent.peers.seeding import Hold, Owner, peer_aware_slots
 from model_agent.peers.server import BlobIndex, PeerServer
 from model_agent.transfer import RangedConfig
 
@@ -77,9 +77,9 @@ class PeerService:
         # when the service stops.
         self.slot_keepers: set[asyncio.Task[None]] = set()
 
-    def slots(self, hold: Hold) -> Hold:
-        """The origin-slot hold made peer-aware (:mod:`.seeding`)."""
-        return peer_aware_slots(hold, self.directory, keepers=self.slot_keepers)
+    def slots(self, hold: Hold, takes_from_peers: Callable[[str, Owner | None], bool]) -> Hold:
+        """The origin-slot hold made peer-aware (:mod:`.seeding`) for the fetches ``takes_from_peers`` admits."""
+        return peer_aware_slots(hold, self.directory, takes_from_peers=takes_from_peers, keepers=self.slot_keepers)
 
     def on_origin_bytes(self, n: int) -> None:
         """Count bytes a source took from the origin."""

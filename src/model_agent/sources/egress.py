@@ -45,6 +45,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from model_agent.model.reasons import Reason
+from model_agent.peers import PEER_SCHEMES
 from model_agent.sources.base import SourceError
 
 CLUSTER_KIND = "ClusterBaseModel"
@@ -151,6 +152,13 @@ def is_trusted(owner: Owner | None, policy: TenancyPolicy) -> bool:
     if owner is None or owner.kind != NAMESPACED_KIND:
         return True
     return owner.namespace in policy.trusted_namespaces
+
+
+def takes_from_peers(storage_uri: str, owner: Owner | None) -> bool:
+    """Whether a fetch of ``storage_uri`` for ``owner`` may take bytes from peers: a source that asks peers
+    (``hf://``) and an owner trusted with the platform's credentials, since peers hold what those fetched
+    (docs/security.md#7-peer-distribution-model_agentpeers)."""
+    return storage_uri.startswith(PEER_SCHEMES) and is_trusted(owner, current())
 
 
 class CredentialUse(enum.Enum):

@@ -51,9 +51,9 @@ from urllib.parse import urljoin, urlsplit
 from model_agent.local.capacity import REGISTRY, Reservation, is_disk_full
 from model_agent.local.manifest import FileRecord, file_digest
 from model_agent.model.uris import parse_hf_uri
-from model_agent.peers import takes_from_peers
 from model_agent.sources.base import FetchRequest, FetchResult, ResolveRecords, SourceError, SourceRules
 from model_agent.sources.byte_sources import SourcedProgress
+from model_agent.sources.egress import takes_from_peers
 from model_agent.transfer import (
     Downloaded,
     Expected,
