@@ -539,27 +539,20 @@ class Reconciler:
         target: Target,
         previous: Manifest | None,
         superseded: Manifest | None = None,
+        slot: contextlib.AsyncExitStack | None = None,
     ) -> None:
         """The body of a fetch job: download, verify, publish, parse, record. Runs in the fetcher pool.
 
-        The fleet's origin slot (``ctx.origin_slots``) is taken before the download and left only when this
-        returns: once the copy is published and recorded (this node's peer server serves it from the manifest),
-        or on failure. Left between the download and the publish, it would let a waiting node start a second
-        origin fetch while no peer can serve the first one's bytes yet.
+        The fleet's origin slot (``ctx.origin_slots``) is taken before the download into ``slot`` (a stack
+        made here when not given) and left only when this returns: once the copy is published and recorded
+        (this node's peer server serves it from the manifest), or on failure. Left between the download and the
+        publish, it would let a waiting node start a second origin fetch while no peer can serve the first
+        one's bytes yet.
         """
-        async with contextlib.AsyncExitStack() as slot:
-            await self._fetch_holding(job, ref, obj, target, previous, superseded, slot)
-
-    async def _fetch_holding(
-        self,
-        job: Job,
-        ref: ModelRef,
-        obj: ModelObject,
-        target: Target,
-        previous: Manifest | None,
-        superseded: Manifest | None,
-        slot: contextlib.AsyncExitStack,
-    ) -> None:
+        if slot is None:
+            async with contextlib.AsyncExitStack() as held:
+                await self._fetch(job, ref, obj, target, previous, superseded, held)
+            return
         ctx = self.ctx
         started = time.monotonic()
         labels = _metric_labels(ref)
