@@ -96,11 +96,10 @@ import urllib.parse
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Unpack
 
 import aiohttp
 
-from model_agent.local.capacity import REGISTRY, CapacityRegistry
 from model_agent.model.reasons import Reason
 from model_agent.model.uris import parse_azure_uri, parse_gcs_uri
 from model_agent.sources.base import FetchRequest, FetchResult, Progress, SourceError, SourceRules
@@ -111,12 +110,13 @@ from model_agent.sources.objects import (
     ObjectStoreFetch,
     RemoteObject,
     SignedUrls,
+    StoreTuning,
     folder_prefix,
     listed_object,
     parsed_uri,
     status_error,
 )
-from model_agent.transfer import Expected, RangedConfig, b64_to_hex
+from model_agent.transfer import Expected, b64_to_hex
 
 if TYPE_CHECKING:
     from obstore.store import AzureStore, GCSStore
@@ -363,14 +363,10 @@ class CloudSource(ObjectStoreFetch):
     def __init__(
         self,
         *,
-        ranged: RangedConfig | None = None,
-        capacity: CapacityRegistry | None = None,
-        max_parallel_files: int = 8,
         sign_expiry_s: int = DEFAULT_SIGN_EXPIRY_S,
+        **tuning: Unpack[StoreTuning],
     ) -> None:
-        self.ranged = ranged or RangedConfig()
-        self.capacity = capacity or REGISTRY
-        self.max_parallel_files = max_parallel_files
+        super().__init__(**tuning)
         self.sign_expiry_s = sign_expiry_s
         self._stores: dict[tuple[Any, ...], GCSStore | AzureStore] = {}
 

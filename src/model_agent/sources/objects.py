@@ -38,9 +38,9 @@ import time
 from collections.abc import Awaitable, Callable, Collection, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TypeVar
+from typing import TypedDict, TypeVar, Unpack
 
-from model_agent.local.capacity import CapacityRegistry, Reservation, allocated_bytes
+from model_agent.local.capacity import REGISTRY, CapacityRegistry, Reservation, allocated_bytes
 from model_agent.local.manifest import FileRecord
 from model_agent.model.reasons import Reason
 from model_agent.model.uris import InvalidStorageUri
@@ -320,14 +320,25 @@ async def fetch_listed(
     )
 
 
+class StoreTuning(TypedDict, total=False):
+    """What every object-store source is built with (each optional): the ranged engine's tuning (default: its
+    measured defaults), the disk capacity registry it reserves from (default: the process's) and how many files
+    of one model it fetches at once (default 8)."""
+
+    ranged: RangedConfig | None
+    capacity: CapacityRegistry | None
+    max_parallel_files: int
+
+
 class ObjectStoreFetch:
     """What the object-store sources share after their listing: their engine tuning, the disk capacity they
-    reserve from and how many files they fetch at once, handed to :func:`fetch_listed` with the per-object
-    preparation of the store. A source sets the three attributes in its constructor."""
+    reserve from and how many files they fetch at once (:class:`StoreTuning`, taken by this constructor),
+    handed to :func:`fetch_listed` with the per-object preparation of the store."""
 
-    ranged: RangedConfig
-    capacity: CapacityRegistry
-    max_parallel_files: int
+    def __init__(self, **tuning: Unpack[StoreTuning]) -> None:
+        self.ranged: RangedConfig = tuning.get("ranged") or RangedConfig()
+        self.capacity: CapacityRegistry = tuning.get("capacity") or REGISTRY
+        self.max_parallel_files: int = tuning.get("max_parallel_files", 8)
 
     async def fetch_objects(
         self,

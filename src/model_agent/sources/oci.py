@@ -79,10 +79,9 @@ import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Unpack
 from urllib.parse import quote
 
-from model_agent.local.capacity import REGISTRY, CapacityRegistry
 from model_agent.model.reasons import Reason
 from model_agent.model.uris import parse_oci_uri
 from model_agent.sources.base import FetchRequest, FetchResult, Progress, SourceError, SourceRules
@@ -92,12 +91,13 @@ from model_agent.sources.objects import (
     ObjectGet,
     ObjectStoreFetch,
     RemoteObject,
+    StoreTuning,
     listed_object,
     parsed_uri,
     status_error,
 )
 from model_agent.sources.s3 import S3Source
-from model_agent.transfer import Expected, RangedConfig, b64_to_hex
+from model_agent.transfer import Expected, b64_to_hex
 
 PARAM_AUTH = "auth"
 PARAM_REGION = "region"
@@ -361,18 +361,14 @@ class OciSource(ObjectStoreFetch):
     def __init__(
         self,
         *,
-        ranged: RangedConfig | None = None,
-        capacity: CapacityRegistry | None = None,
-        max_parallel_files: int = 8,
         page_size: int = 1000,
         s3: S3Source | None = None,
         signer_factories: Mapping[str, Callable[[], tuple[Any, dict[str, Any]]]] | None = None,
+        **tuning: Unpack[StoreTuning],
     ) -> None:
-        self.ranged = ranged or RangedConfig()
-        self.capacity = capacity or REGISTRY
-        self.max_parallel_files = max_parallel_files
+        super().__init__(**tuning)
         self.page_size = page_size
-        self.s3 = s3 or S3Source(ranged=self.ranged, capacity=self.capacity, max_parallel_files=max_parallel_files)
+        self.s3 = s3 or S3Source(ranged=self.ranged, capacity=self.capacity, max_parallel_files=self.max_parallel_files)
         self.signer_factories = dict(signer_factories or SIGNER_FACTORIES)
         self._clients: dict[tuple[Any, ...], OciClient] = {}
         self._namespaces: dict[tuple[Any, ...], str] = {}

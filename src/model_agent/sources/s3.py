@@ -77,9 +77,8 @@ import asyncio
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Unpack
 
-from model_agent.local.capacity import REGISTRY, CapacityRegistry
 from model_agent.model.reasons import Reason
 from model_agent.model.uris import parse_s3_uri
 from model_agent.sources.base import FetchRequest, FetchResult, Progress, SourceError, SourceRules
@@ -90,11 +89,12 @@ from model_agent.sources.objects import (
     ObjectStoreFetch,
     RemoteObject,
     SignedUrls,
+    StoreTuning,
     folder_prefix,
     listed_object,
     parsed_uri,
 )
-from model_agent.transfer import Expected, RangedConfig, b64_to_hex
+from model_agent.transfer import Expected, b64_to_hex
 
 if TYPE_CHECKING:
     from types_boto3_s3.client import S3Client
@@ -281,16 +281,12 @@ class S3Source(ObjectStoreFetch):
     def __init__(
         self,
         *,
-        ranged: RangedConfig | None = None,
-        capacity: CapacityRegistry | None = None,
-        max_parallel_files: int = 8,
         page_size: int = 1000,
         presign_expiry_s: int = DEFAULT_PRESIGN_EXPIRY_S,
         on_client: Callable[[S3Client], None] | None = None,
+        **tuning: Unpack[StoreTuning],
     ) -> None:
-        self.ranged = ranged or RangedConfig()
-        self.capacity = capacity or REGISTRY
-        self.max_parallel_files = max_parallel_files
+        super().__init__(**tuning)
         self.page_size = page_size
         self.presign_expiry_s = presign_expiry_s
         self.on_client = on_client  # e.g. to register botocore event hooks (tests count requests this way)
