@@ -102,7 +102,7 @@ import aiohttp
 
 from model_agent.model.reasons import Reason
 from model_agent.model.uris import parse_azure_uri, parse_gcs_uri
-from model_agent.sources.base import FetchRequest, FetchResult, Progress, SourceError, SourceRules
+from model_agent.sources.base import FetchRequest, FetchResult, Progress, SourceError
 from model_agent.sources.egress import CredentialUse, Guard, credential_for, current, guard_for, refused
 from model_agent.sources.listing import ListingBudget
 from model_agent.sources.objects import (
@@ -357,8 +357,6 @@ def classify(
 
 class CloudSource(ObjectStoreFetch):
     """The ``gs://`` and ``az://`` source; one instance serves every such model of the agent (stores are cached)."""
-
-    rules = SourceRules()  # the Secret of spec.storage.key, when one is named
 
     def __init__(
         self,

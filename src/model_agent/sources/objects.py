@@ -44,7 +44,7 @@ from model_agent.local.capacity import REGISTRY, CapacityRegistry, Reservation, 
 from model_agent.local.manifest import FileRecord
 from model_agent.model.reasons import Reason
 from model_agent.model.uris import InvalidStorageUri
-from model_agent.sources.base import FetchRequest, FetchResult, Progress, SourceError
+from model_agent.sources.base import FetchRequest, FetchResult, Progress, SourceError, SourceRules
 from model_agent.sources.egress import guard_for
 from model_agent.transfer import (
     CONNECT_GUARD,
@@ -334,6 +334,8 @@ class ObjectStoreFetch:
     """What the object-store sources share after their listing: their engine tuning, the disk capacity they
     reserve from and how many files they fetch at once (:class:`StoreTuning`, taken by this constructor),
     handed to :func:`fetch_listed` with the per-object preparation of the store."""
+
+    rules = SourceRules()  # the default: the Secret of spec.storage.key, when one is named (OCI has its own)
 
     def __init__(self, **tuning: Unpack[StoreTuning]) -> None:
         self.ranged: RangedConfig = tuning.get("ranged") or RangedConfig()

@@ -81,7 +81,7 @@ from typing import TYPE_CHECKING, Any, Unpack
 
 from model_agent.model.reasons import Reason
 from model_agent.model.uris import parse_s3_uri
-from model_agent.sources.base import FetchRequest, FetchResult, Progress, SourceError, SourceRules
+from model_agent.sources.base import FetchRequest, FetchResult, Progress, SourceError
 from model_agent.sources.egress import CredentialUse, Guard, credential_for, current, guard_for
 from model_agent.sources.listing import ListingBudget
 from model_agent.sources.objects import (
@@ -275,8 +275,6 @@ def _classify(exc: BaseException, label: str, *, tenant: bool = False) -> Source
 
 class S3Source(ObjectStoreFetch):
     """The ``s3://`` source; one instance serves every S3 model of the agent (clients are cached)."""
-
-    rules = SourceRules()  # the Secret of spec.storage.key, when one is named
 
     def __init__(
         self,
