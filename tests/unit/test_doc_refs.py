@@ -118,3 +118,24 @@ def test_anchors_are_computed_as_github_does(heading: str, anchor: str) -> None:
 
 def test_repeated_headings_are_numbered_and_fenced_ones_ignored() -> None:
     assert checker.anchors(GUIDE) == {"guide", "3-data-flow", "63-configmap-entry-value", "notes", "notes-1"}
+
+
+# Citations of documents that live outside the repository (the old numbered spec, the design notes beside
+# it); built from pieces so this file does not match itself.
+OUTSIDE_CITATION = (
+    r"\bspec [0-9]+(?:\.[0-9]+)+\b|" + "DESIGN" + r"\.md|\.\./" + "shared/|" + "ome-model-agent-" + "spec"
+)
+
+
+def test_the_code_cites_no_document_outside_the_repository() -> None:
+    import re
+
+    pattern = re.compile(OUTSIDE_CITATION)
+    found = [
+        f"{path.relative_to(ROOT)}:{number}: {line.strip()}"
+        for tree in ("src", "testbed", "bench", "tools", "tests")
+        for path in sorted((ROOT / tree).rglob("*.py"))
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
+        if pattern.search(line)
+    ]
+    assert not found, "cite docs/<file>.md#<section> instead:\n" + "\n".join(found)

@@ -143,7 +143,8 @@ class Context:
     origin_slots: Callable[..., Any] = lambda _source, _on_wait, **_kw: contextlib.nullcontext()
     # Sources by storage type besides ``hf`` (which serves HUGGINGFACE); a type listed here is fetchable.
     sources: dict[StorageType, Source] = field(default_factory=dict)
-    # INSTANCE_TYPE_MAP (spec 3.1): node instance type -> shape alias, for the TensorRT-LLM filter.
+    # INSTANCE_TYPE_MAP (docs/ome-compatibility.md#31-node-facts): node instance type -> shape alias, for the
+    # TensorRT-LLM filter.
     instance_type_map: Mapping[str, str] = field(default_factory=lambda: DEFAULT_INSTANCE_TYPE_MAP)
     # --download-timeout / --download-min-rate: a whole fetch's deadlines (agent/download_limits.py).
     download_limits: DownloadLimits = field(default_factory=DownloadLimits)
@@ -683,7 +684,8 @@ class Reconciler:
         ctx.metrics.download_duration.labels(*labels).observe(time.monotonic() - started)
         fetched = sum(f.size for f in files if f.path in set(result.staged))
         ctx.metrics.fetched_bytes.inc(fetched)
-        if rules.counts_listed_bytes:  # OME's OCI-only metrics (spec 11.1): every listed byte counts
+        # OME's OCI-only metrics (docs/ome-compatibility.md#111-prometheus-metrics): every listed byte counts
+        if rules.counts_listed_bytes:
             ctx.metrics.verifications.labels(*labels, "success").inc()
             ctx.metrics.download_bytes.labels(*labels).inc(manifest.total_bytes)
         ctx.events.emit(
