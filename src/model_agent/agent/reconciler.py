@@ -34,9 +34,8 @@ from model_agent.agent.crash_record import QUARANTINED, CrashRecords, Step
 from model_agent.agent.credentials import model_owner, read_storage_secret, resolve_hf_token
 from model_agent.agent.download_limits import DownloadLimits, run_within_limits
 from model_agent.agent.failed_quota import DEFAULT_FAILED_PER_NAMESPACE, OVER_QUOTA, FailedQuota
-from model_agent.agent.fetcher import Fetcher, Job
-from model_agent.agent.node_configmap import NodeConfigMap
-from model_agent.agent.node_labels import NodeLabels
+from model_agent.agent.fetcher import Job
+from model_agent.agent.node_parts import NodeParts
 from model_agent.agent.ownership import (
     Claim,
     ClaimCache,
@@ -52,14 +51,13 @@ from model_agent.agent.requeue import Requeue
 from model_agent.agent.shared_root import SharedRoots
 from model_agent.agent.tenant_local import admin_allows
 from model_agent.kube import objects
-from model_agent.kube.client import ApiError, ApiUnavailable, KubeClient
+from model_agent.kube.client import ApiError, ApiUnavailable
 from model_agent.kube.resources import MODEL_RESOURCES
 from model_agent.local.inventory import delete_discarded, discard
-from model_agent.local.layout import Layout, PathRefused, Root, token_for
+from model_agent.local.layout import PathRefused, Root, token_for
 from model_agent.local.listing import list_local_files
-from model_agent.local.manifest import FileRecord, Manifest, ManifestStore
+from model_agent.local.manifest import FileRecord, Manifest
 from model_agent.local.metadata_files import parse_model_dir
-from model_agent.local.trash import Trash
 from model_agent.model.entry import DownloadProgress, ModelConfig, ModelEntry, rfc3339
 from model_agent.model.keys import ModelState
 from model_agent.model.metadata import MetadataError, ParsedMetadata
@@ -73,8 +71,7 @@ from model_agent.model.uris import (
     parse_storage_uri,
     storage_type,
 )
-from model_agent.ops.events import NORMAL, WARNING, EventRecorder, ObjectRef
-from model_agent.ops.metrics import Metrics
+from model_agent.ops.events import NORMAL, WARNING, ObjectRef
 from model_agent.sources.base import FetchRequest, Progress, Source, SourceError, publish
 from model_agent.sources.byte_sources import by_source
 from model_agent.sources.hf import HuggingFaceSource
@@ -120,20 +117,10 @@ class Invalid(Exception):
 
 
 @dataclass
-class Context:
-    """Everything the reconciler reads and writes, built once by the agent."""
+class Context(NodeParts):
+    """Everything the reconciler reads and writes (the node's parts and these), built once by the agent."""
 
-    client: KubeClient
-    node_name: str
     namespace: str
-    layout: Layout
-    manifests: ManifestStore
-    trash: Trash
-    labels: NodeLabels
-    configmap: NodeConfigMap
-    fetcher: Fetcher
-    events: EventRecorder
-    metrics: Metrics
     remover: Remover
     hf: HuggingFaceSource
     models_store: dict[str, Any]  # kind -> Store

@@ -46,23 +46,19 @@ import structlog
 from model_agent.agent.artifact_reuse import parent_of_spec, release_child
 from model_agent.agent.breaker import Breaker, Verdict
 from model_agent.agent.confirm import Confirmation, Confirmer, Outcome, confirm_absence
-from model_agent.agent.fetcher import Fetcher
-from model_agent.agent.node_configmap import NodeConfigMap
-from model_agent.agent.node_labels import NodeLabels
+from model_agent.agent.node_parts import NodeParts
 from model_agent.agent.requeue import Requeue
 from model_agent.agent.shared_root import FULL, RemovalPlan, SharedRoots, confirmed_gone
 from model_agent.kube import objects
-from model_agent.kube.client import ApiError, ApiUnavailable, KubeClient
+from model_agent.kube.client import ApiError, ApiUnavailable
 from model_agent.kube.resources import NODES
-from model_agent.local.layout import Layout, PathRefused, token_for
-from model_agent.local.manifest import Manifest, ManifestStore
-from model_agent.local.trash import Trash
+from model_agent.local.layout import PathRefused, token_for
+from model_agent.local.manifest import Manifest
 from model_agent.model.keys import RESERVE_MODEL_ARTIFACT_LABEL
 from model_agent.model.reasons import EventReason
 from model_agent.model.resources import InvalidModel, ModelObject, ModelRef
 from model_agent.model.selection import node_selected
-from model_agent.ops.events import NORMAL, WARNING, EventRecorder, ObjectRef
-from model_agent.ops.metrics import Metrics
+from model_agent.ops.events import NORMAL, WARNING, ObjectRef
 
 log = structlog.get_logger(__name__)
 
@@ -78,19 +74,9 @@ class Candidate:
 
 
 @dataclass
-class RemovalContext:
-    """The collaborators a removal needs, handed in once by the agent's wiring."""
+class RemovalContext(NodeParts):
+    """The collaborators a removal needs (the node's parts and these), handed in once by the agent's wiring."""
 
-    client: KubeClient
-    node_name: str
-    layout: Layout
-    manifests: ManifestStore
-    trash: Trash
-    labels: NodeLabels
-    configmap: NodeConfigMap
-    fetcher: Fetcher
-    events: EventRecorder
-    metrics: Metrics
     breaker: Breaker
     cached_models: Callable[[], Iterable[dict[str, Any]]]
     confirm_deadline_s: float = 10.0
