@@ -83,6 +83,24 @@ def certificate_builder(
     )
 
 
+_KEY_USAGES = (
+    "digital_signature",
+    "content_commitment",
+    "key_encipherment",
+    "data_encipherment",
+    "key_agreement",
+    "key_cert_sign",
+    "crl_sign",
+    "encipher_only",
+    "decipher_only",
+)
+
+
+def key_usage(*granted: str) -> x509.KeyUsage:
+    """A KeyUsage extension granting exactly ``granted`` (cryptography wants every flag named)."""
+    return x509.KeyUsage(**{name: name in granted for name in _KEY_USAGES})
+
+
 def generate(directory: Path) -> Pki:
     """Create (or overwrite) the full set of files in ``directory``."""
     directory.mkdir(parents=True, exist_ok=True)
@@ -92,17 +110,7 @@ def generate(directory: Path) -> Pki:
         certificate_builder(ca_name, ca_name, ca_key.public_key())
         .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
         .add_extension(
-            x509.KeyUsage(
-                digital_signature=True,
-                content_commitment=False,
-                key_encipherment=False,
-                data_encipherment=False,
-                key_agreement=False,
-                key_cert_sign=True,
-                crl_sign=True,
-                encipher_only=False,
-                decipher_only=False,
-            ),
+            key_usage("digital_signature", "key_cert_sign", "crl_sign"),
             critical=True,
         )
         .sign(ca_key, hashes.SHA256())
