@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from model_agent.sources.base import SourceError
-from model_agent.transfer import Expected, RangedConfig, RangedDownloader, hashing, splice
+from model_agent.transfer import Downloaded, Expected, RangedConfig, RangedDownloader, hashing, splice
 from tests.support.waiting import eventually
 from tests.unit.test_transfer import digests, origin_for
 
@@ -72,6 +72,16 @@ def engine(config: RangedConfig) -> RangedDownloader:
     dl = RangedDownloader(config=config)
     _OPEN.append(dl)
     return dl
+
+
+async def fetched(config: RangedConfig, data: bytes, dest: Path, *, delay: float = 0.0) -> Downloaded:
+    """``data`` from a loopback origin (``delay`` seconds after each chunk), downloaded by an engine with ``config``."""
+    origin = await origin_for(data)
+    origin.delay = delay
+    try:
+        return await engine(config).download(origin.url, dest, Expected(len(data), digests(data)))
+    finally:
+        await origin.stop()
 
 
 @pytest.fixture(autouse=True)
@@ -154,11 +164,7 @@ async def test_bytes_arriving_in_order_are_hashed_from_the_buffer_never_read_bac
 ) -> None:
     data = os.urandom(2 * MiB + 5)
     feeds = HashFeeds(monkeypatch)
-    origin = await origin_for(data)
-    try:
-        got = await engine(IN_ORDER).download(origin.url, tmp_path / "f", Expected(len(data), digests(data)))
-    finally:
-        await origin.stop()
+    got = await fetched(IN_ORDER, data, tmp_path / "f")
     assert got.digests == digests(data)
     assert feeds.buffered() == len(data) and feeds.read() == 0
     assert feeds.every_hasher_fed(len(data))
@@ -169,12 +175,7 @@ async def test_parts_ahead_of_the_cursor_are_read_back_and_every_byte_is_hashed_
 ) -> None:
     data = os.urandom(4 * MiB + 123)
     feeds = HashFeeds(monkeypatch)
-    origin = await origin_for(data)
-    origin.delay = 0.001  # parts interleave: most land ahead of the cursor
-    try:
-        got = await engine(PARALLEL).download(origin.url, tmp_path / "f", Expected(len(data), digests(data)))
-    finally:
-        await origin.stop()
+    got = await fetched(PARALLEL, data, tmp_path / "f", delay=0.001)  # parts interleave: most land ahead of the cursor
     assert got.digests == digests(data)
     assert feeds.buffered() > 0 and feeds.read() > 0  # both ways took part
     assert feeds.every_hasher_fed(len(data))
@@ -188,11 +189,7 @@ async def test_spliced_bodies_are_read_back(tmp_path: Path, monkeypatch: pytest.
         pytest.fail("splice(2) is expected on this platform (Linux)")
     data = os.urandom(2 * MiB)
     feeds = HashFeeds(monkeypatch)
-    origin = await origin_for(data)
-    try:
-        got = await engine(IN_ORDER).download(origin.url, tmp_path / "f", Expected(len(data), digests(data)))
-    finally:
-        await origin.stop()
+    got = await fetched(IN_ORDER, data, tmp_path / "f")
     assert got.digests == digests(data)
     assert feeds.read() >= len(data) - 64 * KiB  # only http.client's read-ahead went through a buffer
     assert feeds.every_hasher_fed(len(data))
