@@ -415,8 +415,9 @@ class SharedRoots:
     def _publication_path(self, root: Root, storage_uri: str, dest: Path) -> Path:
         return root.private / PUBLISHED_DIR / f"{token_for(f'{storage_uri}|{dest}')}.json"
 
-    def _adoptable(self, key: str, storage_uri: str, dest: Path, root: Root) -> bool:
-        """Whether a peer's (or an earlier) publication of this target can be taken as it is; saves it if needed."""
+    def _adoptable(self, key: str, storage_uri: str, dest: Path, root: Root) -> Manifest | None:
+        """A peer's (or an earlier) publication of this target that can be taken as it is (saved as this key's
+        record if needed), or None."""
         current = self._manifests.load(key)
         if (
             current is not None
@@ -425,18 +426,18 @@ class SharedRoots:
             and not current.removing
             and not current.fast_check()
         ):
-            return True  # the shared record already says so: the reconciler publishes Ready from it
+            return current  # the shared record already says so: the reconciler publishes Ready from it
         try:
             data = self._publication_path(root, storage_uri, dest).read_bytes()
         except OSError:
-            return False
+            return None
         manifest, why = check_publication(data, storage_uri, dest)
         if manifest is None:
             log.debug("publication not adoptable", key=key, why=why)
-            return False
+            return None
         manifest.key = key
         self._manifests.save(manifest, root)
-        return True
+        return manifest
 
     def _publish(self, key: str, storage_uri: str, dest: Path, root: Root) -> None:
         manifest = self._manifests.load(key)
@@ -480,15 +481,15 @@ class SharedRoots:
         shown = False
         while True:
             published = await asyncio.to_thread(self._adoptable, key, storage_uri, dest, root)
-            if fetch_turn(True, published, False) == FetchTurn.ADOPT:
+            if fetch_turn(True, published is not None, False) == FetchTurn.ADOPT and published is not None:
                 log.info("adopted a peer's publication without downloading", key=key, dest=str(dest))
-                return await self._adopted(job, key)
+                return self._adopted(job, published)
             async with self._try_hold(lease) as holding:
                 if holding:  # a holder may have published between the look and the Lease
                     published = await asyncio.to_thread(self._adoptable, key, storage_uri, dest, root)
-                turn = fetch_turn(True, published, holding)
-                if turn == FetchTurn.ADOPT:
-                    return await self._adopted(job, key)
+                turn = fetch_turn(True, published is not None, holding)
+                if turn == FetchTurn.ADOPT and published is not None:
+                    return self._adopted(job, published)
                 if turn == FetchTurn.FETCH:
                     log.info("fetching for the nodes sharing this root", key=key, dest=str(dest))
                     await fetch()
@@ -503,11 +504,10 @@ class SharedRoots:
                 shown = True
             await asyncio.sleep(self.poll_s * (0.5 + self._rng.random()))
 
-    async def _adopted(self, job: Any, key: str) -> int:
+    @staticmethod
+    def _adopted(job: Any, manifest: Manifest) -> int:
         """The adopted manifest's bytes, also shown as the job's progress (every byte from the shared root)."""
-        manifest = await asyncio.to_thread(self._manifests.load, key)
-        size = manifest.total_bytes if manifest is not None else 0
-        files = len(manifest.files) if manifest is not None else 0
+        size, files = manifest.total_bytes, len(manifest.files)
         job.progress = SourcedProgress(
             phase="finalizing",
             total_bytes=size,
