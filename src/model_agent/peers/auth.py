@@ -19,7 +19,7 @@ import asyncio
 import hashlib
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import KW_ONLY, dataclass, field
 
 import structlog
 
@@ -64,26 +64,19 @@ class Verdict:
         return self.status == 200
 
 
+@dataclass(eq=False)
 class TokenReviewer:
     """Checks a peer's bearer token with the API server (see the module contract)."""
 
-    def __init__(
-        self,
-        client: KubeClient,
-        audience: str,
-        username: str,
-        *,
-        cache_s: float = 60.0,
-        refusal_cache_s: float = 10.0,
-    ) -> None:
-        self.client = client
-        self.audience = audience
-        self.username = username
-        self.cache_s = cache_s
-        self.refusal_cache_s = refusal_cache_s
-        self._cache: dict[str, tuple[float, Verdict]] = {}
-        self._inflight: dict[str, asyncio.Future[Verdict]] = {}
-        self.reviews = 0  # TokenReviews sent (tests and the status)
+    client: KubeClient
+    audience: str
+    username: str
+    _: KW_ONLY
+    cache_s: float = 60.0
+    refusal_cache_s: float = 10.0
+    _cache: dict[str, tuple[float, Verdict]] = field(default_factory=dict, init=False, repr=False)
+    _inflight: dict[str, asyncio.Future[Verdict]] = field(default_factory=dict, init=False, repr=False)
+    reviews: int = field(default=0, init=False)  # TokenReviews sent (tests and the status)
 
     async def check(self, authorization: str | None) -> Verdict:
         """The verdict for an ``Authorization`` header value."""

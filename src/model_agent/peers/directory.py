@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable, Mapping
+from dataclasses import KW_ONLY, dataclass, field
 from typing import Any
 
 import structlog
@@ -49,22 +50,16 @@ def model_label_keys(uri: str, models: Mapping[str, Iterable[dict[str, Any]]]) -
     return sorted(set(keys))
 
 
+@dataclass(eq=False)
 class PeerDirectory:
     """Peer addresses holding a source, from the Nodes' labels and annotations (see the module contract)."""
 
-    def __init__(
-        self,
-        client: KubeClient,
-        node_name: str,
-        models: Callable[[], Mapping[str, Iterable[dict[str, Any]]]],
-        *,
-        cache_s: float = 2.0,
-    ) -> None:
-        self.client = client
-        self.node_name = node_name
-        self.models = models
-        self.cache_s = cache_s
-        self._cache: dict[str, tuple[float, list[str]]] = {}
+    client: KubeClient
+    node_name: str
+    models: Callable[[], Mapping[str, Iterable[dict[str, Any]]]]
+    _: KW_ONLY
+    cache_s: float = 2.0
+    _cache: dict[str, tuple[float, list[str]]] = field(default_factory=dict, init=False, repr=False)
 
     async def holders(self, uri: str, *, fresh: bool = False) -> list[str]:
         """Addresses of other nodes Ready for a model of ``uri`` (sorted; empty when none or unknown)."""

@@ -25,7 +25,7 @@ import os
 import re
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import KW_ONLY, InitVar, dataclass, field
 from pathlib import Path
 
 import structlog
@@ -153,30 +153,26 @@ def parse_range(header: str | None, size: int) -> tuple[int, int] | str | None:
     return start, end
 
 
+@dataclass(eq=False)
 class PeerServer:
     """The aiohttp application and its listener (see the module contract)."""
 
-    def __init__(
-        self,
-        index: BlobIndex,
-        reviewer: TokenReviewer,
-        *,
-        host: str,
-        port: int,
-        upload_rate: float = 0.0,
-        max_per_peer: int = 32,
-        on_upload: Callable[[int], None] = lambda _n: None,
-    ) -> None:
-        self.index = index
-        self.reviewer = reviewer
-        self.host = host
-        self.port = port
+    index: BlobIndex
+    reviewer: TokenReviewer
+    _: KW_ONLY
+    host: str
+    port: int
+    upload_rate: InitVar[float] = 0.0
+    max_per_peer: int = 32
+    on_upload: Callable[[int], None] = lambda _n: None
+    pacer: UploadPacer = field(init=False)
+    _inflight: dict[str, int] = field(default_factory=dict, init=False, repr=False)
+    _runner: web.AppRunner | None = field(default=None, init=False, repr=False)
+    uploaded: int = field(default=0, init=False)
+
+    def __post_init__(self, upload_rate: float) -> None:
+        """The pacer of all answers together, at ``upload_rate`` bytes/s."""
         self.pacer = UploadPacer(upload_rate)
-        self.max_per_peer = max_per_peer
-        self.on_upload = on_upload
-        self._inflight: dict[str, int] = {}
-        self._runner: web.AppRunner | None = None
-        self.uploaded = 0
 
     def app(self) -> web.Application:
         """The routes: the blob endpoint only."""
