@@ -25,6 +25,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from dataclasses import InitVar, dataclass, field
 from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
@@ -41,34 +42,28 @@ class AgentProcessError(AssertionError):
     """
 
 
+@dataclass(eq=False, kw_only=True)
 class AgentProcess:
     """One ``model-agent run`` for one node, restartable over the same models root."""
 
-    def __init__(
-        self,
-        *,
-        kubeconfig: Path,
-        node: str,
-        models_root: Path,
-        log_path: Path,
-        hf_endpoint: str | None = None,
-        hf_home: Path | None = None,
-        args: tuple[str, ...] = (),
-        env: dict[str, str] | None = None,
-        log_level: str = "debug",
-    ) -> None:
-        self.kubeconfig = kubeconfig
-        self.node = node
-        self.models_root = models_root
-        self.log_path = log_path
-        self.hf_endpoint = hf_endpoint
-        self.hf_home = hf_home or log_path.parent / f"hf-home-{node}"
-        self.args = args
+    kubeconfig: Path
+    node: str
+    models_root: Path
+    log_path: Path
+    hf_endpoint: str | None = None
+    hf_home: Path | None = None
+    args: tuple[str, ...] = ()
+    env: InitVar[dict[str, str] | None] = None
+    log_level: str = "debug"
+    extra_env: dict[str, str] = field(init=False)
+    port: int = field(default=0, init=False)
+    proc: subprocess.Popen[bytes] | None = field(default=None, init=False)
+    starts: int = field(default=0, init=False)
+
+    def __post_init__(self, env: dict[str, str] | None) -> None:
+        """The Hugging Face home defaults to one per node beside the log; ``env`` is added to the agent's."""
+        self.hf_home = self.hf_home or self.log_path.parent / f"hf-home-{self.node}"
         self.extra_env = env or {}
-        self.log_level = log_level
-        self.port = 0
-        self.proc: subprocess.Popen[bytes] | None = None
-        self.starts = 0
 
     def start(self) -> None:
         """Start the agent in a new session (so signals to the test's group never reach it)."""

@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import KW_ONLY, dataclass, field
 
 # Sends one batch; returns the errors of keys it refused (None or empty: all were written), raises if the
 # whole batch failed.
@@ -30,6 +31,7 @@ def _key_and_value_bytes(key: str, value: str | None) -> int:
     return len(key.encode()) + len((value or "").encode())
 
 
+@dataclass(eq=False)
 class KeyBatcher:
     """Coalesces single-key writes into batched ``send`` calls (see the module guarantees).
 
@@ -37,25 +39,17 @@ class KeyBatcher:
     adds, and trades it for fewer requests.
     """
 
-    def __init__(
-        self,
-        send: Send,
-        *,
-        gather_s: float = 0.02,
-        max_keys: int = 500,
-        max_bytes: int | None = None,
-        size: Callable[[str, str | None], int] = _key_and_value_bytes,
-    ) -> None:
-        self._send = send
-        self._gather_s = gather_s
-        self._max_keys = max_keys
-        self._max_bytes = max_bytes
-        self._size = size
-        self._pending: dict[str, str | None] = {}
-        self._waiters: dict[str, list[asyncio.Future[None]]] = {}
-        self._wake = asyncio.Event()
-        self._task: asyncio.Task[None] | None = None
-        self.requests = 0
+    send: Send
+    _: KW_ONLY
+    gather_s: float = 0.02
+    max_keys: int = 500
+    max_bytes: int | None = None
+    size: Callable[[str, str | None], int] = _key_and_value_bytes
+    _pending: dict[str, str | None] = field(default_factory=dict, init=False, repr=False)
+    _waiters: dict[str, list[asyncio.Future[None]]] = field(default_factory=dict, init=False, repr=False)
+    _wake: asyncio.Event = field(default_factory=asyncio.Event, init=False, repr=False)
+    _task: asyncio.Task[None] | None = field(default=None, init=False, repr=False)
+    requests: int = field(default=0, init=False)
 
     async def write(self, key: str, value: str | None) -> None:
         """Write ``value`` for ``key`` (None removes it) and return once a request carrying it succeeded.
@@ -74,14 +68,14 @@ class KeyBatcher:
         while True:
             await self._wake.wait()
             self._wake.clear()
-            await asyncio.sleep(self._gather_s)  # let concurrent writers join this batch
+            await asyncio.sleep(self.gather_s)  # let concurrent writers join this batch
             while self._pending:
                 keys = self._next_keys()
                 batch = {k: self._pending.pop(k) for k in keys}
                 waiters = {k: self._waiters.pop(k, []) for k in keys}
                 try:
                     self.requests += 1
-                    refused = await self._send(batch) or {}
+                    refused = await self.send(batch) or {}
                 except Exception as exc:
                     refused = dict.fromkeys(keys, exc)
                 for k, futures in waiters.items():
@@ -99,10 +93,10 @@ class KeyBatcher:
         keys: list[str] = []
         total = 0
         for key, value in self._pending.items():
-            if len(keys) >= self._max_keys:
+            if len(keys) >= self.max_keys:
                 break
-            size = self._size(key, value)
-            if self._max_bytes is not None and keys and total + size > self._max_bytes:
+            size = self.size(key, value)
+            if self.max_bytes is not None and keys and total + size > self.max_bytes:
                 break
             keys.append(key)
             total += size

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
 
@@ -47,36 +47,27 @@ class Decision:
     delay_s: float = 0.0
 
 
+@dataclass(eq=False, kw_only=True)
 class Breaker:
     """The delete breaker of one node (see the module contract); ``on_change(opened, why)`` hears it trip and close."""
 
-    def __init__(
-        self,
-        *,
-        ratio: float = 0.5,
-        minimum: int = 3,
-        window_s: float = 600.0,
-        settle_s: float = 5.0,
-        resume_file: Path | None = None,
-        clock: Callable[[], float] = time.monotonic,
-        wall_clock: Callable[[], float] = time.time,
-    ) -> None:
-        self.ratio = ratio
-        self.minimum = minimum
-        self.window_s = window_s
-        self.settle_s = settle_s
-        self.resume_file = resume_file
-        self._clock = clock
-        self._wall = wall_clock
-        self._acted: dict[str, float] = {}  # key -> when its act happened (once per key per window)
-        self._pending: dict[str, _Pending] = {}
-        # The node's model count when the window's first removal appeared; None while the window is empty.
-        self._window_models: int | None = None
-        self.opened_at: float | None = None
-        self.trips = 0
-        self._resumed_until = 0.0
-        self._resume_seen = 0.0
-        self.on_change: Callable[[bool, str], None] | None = None
+    ratio: float = 0.5
+    minimum: int = 3
+    window_s: float = 600.0
+    settle_s: float = 5.0
+    resume_file: Path | None = None
+    clock: Callable[[], float] = time.monotonic
+    wall_clock: Callable[[], float] = time.time
+    # key -> when its act happened (once per key per window)
+    _acted: dict[str, float] = field(default_factory=dict, init=False, repr=False)
+    _pending: dict[str, _Pending] = field(default_factory=dict, init=False, repr=False)
+    # The node's model count when the window's first removal appeared; None while the window is empty.
+    _window_models: int | None = field(default=None, init=False, repr=False)
+    opened_at: float | None = field(default=None, init=False)
+    trips: int = field(default=0, init=False)
+    _resumed_until: float = field(default=0.0, init=False, repr=False)
+    _resume_seen: float = field(default=0.0, init=False, repr=False)
+    on_change: Callable[[bool, str], None] | None = field(default=None, init=False, repr=False)
 
     @property
     def is_open(self) -> bool:
@@ -113,12 +104,12 @@ class Breaker:
             return
         if stamp > self._resume_seen:
             self._resume_seen = stamp
-            if self._wall() - stamp < self.window_s:
+            if self.wall_clock() - stamp < self.window_s:
                 self.resume(now)
 
     def resume(self, now: float | None = None) -> None:
         """An operator's resume: close the breaker and let removals confirmed in the next window act."""
-        now = self._clock() if now is None else now
+        now = self.clock() if now is None else now
         self._resumed_until = now + self.window_s
         if self.opened_at is not None:
             self.opened_at = None
@@ -158,7 +149,7 @@ class Breaker:
         It counts as pending — if the kind comes back without it, it would be removed — so a CRD deletion
         trips the breaker (and says so) even though nothing can be confirmed; it never grants an act.
         """
-        now = self._clock()
+        now = self.clock()
         self._expire(now)
         self._note_pending(key, total_models, now)
         would_remove = self._would_remove()
@@ -179,7 +170,7 @@ class Breaker:
         ``settled``: the removal passed its settle period before (a recorded intent found after a restart),
         so it is not made to wait again; it is still counted and still held while the breaker is open.
         """
-        now = self._clock()
+        now = self.clock()
         self._expire(now)
         first = self._note_pending(key, total_models, now).first
         resumed = now < self._resumed_until
@@ -204,7 +195,7 @@ class Breaker:
 
     def record(self, key: str) -> None:
         """The act :meth:`decide` allowed for ``key`` has happened: it counts in the window, once per key."""
-        now = self._clock()
+        now = self.clock()
         self._pending.pop(key, None)
         self._acted.pop(key, None)  # re-inserted at the end: the window runs from its latest act
         self._acted[key] = now

@@ -23,6 +23,7 @@ import contextlib
 import hashlib
 import random
 from collections.abc import AsyncIterator, Callable
+from dataclasses import KW_ONLY, InitVar, dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -64,26 +65,22 @@ def lease_names(source: str, slots: int) -> list[str]:
     return [f"origin-{digest}-{i}" for i in range(slots)]
 
 
+@dataclass(eq=False)
 class OriginSlots:
     """At most ``slots`` holders of a source across the fleet, through Leases (see the module contract); 0: no limit."""
 
-    def __init__(
-        self,
-        client: KubeClient,
-        namespace: str,
-        holder: str,
-        slots: int,
-        *,
-        lease_s: int = 30,
-        poll_s: float = 3.0,
-        rng: random.Random | None = None,
-    ) -> None:
-        self._client = client
-        self._namespace = namespace
-        self._holder = holder
-        self.slots = slots
-        self.lease_s = lease_s
-        self.poll_s = poll_s
+    client: KubeClient
+    namespace: str
+    holder: str
+    slots: int
+    _: KW_ONLY
+    lease_s: int = 30
+    poll_s: float = 3.0
+    rng: InitVar[random.Random | None] = None
+    _rng: random.Random = field(init=False, repr=False)
+
+    def __post_init__(self, rng: random.Random | None) -> None:
+        """The random source of the slot order and the backoff (a fresh one when none is given)."""
         self._rng = rng or random.Random()
 
     @contextlib.asynccontextmanager
@@ -145,7 +142,7 @@ class OriginSlots:
             await asyncio.sleep(backoff * (0.5 + self._rng.random()))
 
     def _body(self, name: str, now: datetime, rv: str | None = None) -> dict[str, Any]:
-        meta: dict[str, Any] = {"name": name, "namespace": self._namespace}
+        meta: dict[str, Any] = {"name": name, "namespace": self.namespace}
         if rv:
             meta["resourceVersion"] = rv
         return {
@@ -153,7 +150,7 @@ class OriginSlots:
             "kind": "Lease",
             "metadata": meta,
             "spec": {
-                "holderIdentity": self._holder,
+                "holderIdentity": self.holder,
                 "leaseDurationSeconds": self.lease_s,
                 "acquireTime": _micro(now),
                 "renewTime": _micro(now),
@@ -161,14 +158,14 @@ class OriginSlots:
         }
 
     async def _try(self, name: str) -> bool:
-        path = LEASES.path(self._namespace, name)
+        path = LEASES.path(self.namespace, name)
         try:
-            lease = await self._client.request("GET", path)
+            lease = await self.client.request("GET", path)
         except ApiError as exc:
             if exc.status != 404:
                 raise
             try:
-                await self._client.request("POST", LEASES.path(self._namespace), body=self._body(name, _now()))
+                await self.client.request("POST", LEASES.path(self.namespace), body=self._body(name, _now()))
                 return True
             except ApiError as create_exc:
                 if create_exc.status == 409:
@@ -179,11 +176,11 @@ class OriginSlots:
         renewed = _parse(spec.get("renewTime"))
         duration = int(spec.get("leaseDurationSeconds") or self.lease_s)
         expired = renewed is None or renewed + timedelta(seconds=duration) < _now()
-        if holder and holder != self._holder and not expired:
+        if holder and holder != self.holder and not expired:
             return False
         rv = objects.resource_version(lease)
         try:
-            await self._client.request("PUT", path, body=self._body(name, _now(), rv))
+            await self.client.request("PUT", path, body=self._body(name, _now(), rv))
             return True
         except ApiError as exc:
             if exc.status == 409:
@@ -191,27 +188,27 @@ class OriginSlots:
             raise
 
     async def _renew(self, name: str) -> None:
-        path = LEASES.path(self._namespace, name)
+        path = LEASES.path(self.namespace, name)
         while True:
             await asyncio.sleep(self.lease_s / 3)
             try:
-                lease = await self._client.request("GET", path)
+                lease = await self.client.request("GET", path)
                 spec = lease.get("spec") or {}
-                if spec.get("holderIdentity") != self._holder:
+                if spec.get("holderIdentity") != self.holder:
                     log.warning("origin slot taken over by another node", lease=name, holder=spec.get("holderIdentity"))
                     return
                 spec["renewTime"] = _micro(_now())
-                await self._client.request("PUT", path, body=lease)
+                await self.client.request("PUT", path, body=lease)
             except (ApiError, ApiUnavailable) as exc:
                 log.warning("origin slot renewal failed", lease=name, error=str(exc))
 
     async def _release(self, name: str) -> None:
-        path = LEASES.path(self._namespace, name)
-        lease = await self._client.request("GET", path)
+        path = LEASES.path(self.namespace, name)
+        lease = await self.client.request("GET", path)
         spec = lease.get("spec") or {}
-        if spec.get("holderIdentity") != self._holder:
+        if spec.get("holderIdentity") != self.holder:
             return
         spec["holderIdentity"] = ""
         spec["renewTime"] = _micro(_now() - timedelta(days=1))
-        await self._client.request("PUT", path, body=lease)
+        await self.client.request("PUT", path, body=lease)
         log.info("origin slot released", lease=name)

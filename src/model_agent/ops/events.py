@@ -13,7 +13,7 @@ import asyncio
 import contextlib
 import secrets
 import time
-from dataclasses import dataclass
+from dataclasses import KW_ONLY, dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
@@ -82,29 +82,23 @@ def _now() -> str:
     return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+@dataclass(eq=False)
 class EventRecorder:
     """Sends Events for one agent (``host`` is its node): aggregated, rate-limited per object, never blocking.
 
     ``sent`` and ``dropped`` count what reached the server and what the per-object bucket held back.
     """
 
-    def __init__(
-        self,
-        client: KubeClient,
-        *,
-        host: str,
-        component: str = "model-agent",
-        aggregate_window_s: float = 600,
-    ) -> None:
-        self._client = client
-        self._host = host
-        self._component = component
-        self._window = aggregate_window_s
-        self._seen: dict[tuple[str, str, str, str], _Seen] = {}
-        self._buckets: dict[str, _Bucket] = {}
-        self._tasks: set[asyncio.Task[None]] = set()
-        self.sent = 0
-        self.dropped = 0
+    client: KubeClient
+    _: KW_ONLY
+    host: str
+    component: str = "model-agent"
+    aggregate_window_s: float = 600
+    _seen: dict[tuple[str, str, str, str], _Seen] = field(default_factory=dict, init=False, repr=False)
+    _buckets: dict[str, _Bucket] = field(default_factory=dict, init=False, repr=False)
+    _tasks: set[asyncio.Task[None]] = field(default_factory=set, init=False, repr=False)
+    sent: int = field(default=0, init=False)
+    dropped: int = field(default=0, init=False)
 
     def emit(self, ref: ObjectRef, type_: str, reason: str, message: str) -> None:
         """Log the Event at once and send it in the background; over the object's budget it is only logged.
@@ -132,10 +126,10 @@ class EventRecorder:
         now = time.monotonic()
         seen = self._seen.get(key)
         try:
-            if seen is not None and now - seen.last < self._window:
+            if seen is not None and now - seen.last < self.aggregate_window_s:
                 seen.count += 1
                 seen.last = now
-                await self._client.request(
+                await self.client.request(
                     "PATCH",
                     EVENTS.path(seen.namespace, seen.name),
                     body={"count": seen.count, "lastTimestamp": _now()},
@@ -160,14 +154,14 @@ class EventRecorder:
                     "reason": reason,
                     "message": message,
                     "type": type_,
-                    "source": {"component": self._component, "host": self._host},
-                    "reportingComponent": self._component,
-                    "reportingInstance": self._host,
+                    "source": {"component": self.component, "host": self.host},
+                    "reportingComponent": self.component,
+                    "reportingInstance": self.host,
                     "firstTimestamp": stamp,
                     "lastTimestamp": stamp,
                     "count": 1,
                 }
-                await self._client.request("POST", EVENTS.path(namespace), body=body, timeout=5)
+                await self.client.request("POST", EVENTS.path(namespace), body=body, timeout=5)
                 self._seen[key] = _Seen(name, namespace, 1, now)
             self.sent += 1
         except (ApiError, ApiUnavailable) as exc:

@@ -17,6 +17,7 @@ plus a fixed cost per object.
 
 from __future__ import annotations
 
+from dataclasses import KW_ONLY, dataclass, field
 from typing import Final
 
 from model_agent.model.reasons import Reason
@@ -32,26 +33,19 @@ MAX_LISTING_PAGES: Final = 10_000
 """Pages one listing may take (a server that never stops paginating, even with empty pages)."""
 
 
+@dataclass(eq=False)
 class ListingBudget:
     """Counts one listing against the caps; raises ``SourceError("ListingTooLarge")`` past any of them."""
 
-    def __init__(
-        self,
-        label: str,
-        *,
-        max_objects: int = MAX_LISTED_OBJECTS,
-        max_key_bytes: int = MAX_KEY_BYTES,
-        max_name_bytes: int = MAX_LISTING_NAME_BYTES,
-        max_pages: int = MAX_LISTING_PAGES,
-    ) -> None:
-        self.label = label
-        self.max_objects = max_objects
-        self.max_key_bytes = max_key_bytes
-        self.max_name_bytes = max_name_bytes
-        self.max_pages = max_pages
-        self.objects = 0
-        self.name_bytes = 0
-        self.pages = 0
+    label: str
+    _: KW_ONLY
+    max_objects: int = MAX_LISTED_OBJECTS
+    max_key_bytes: int = MAX_KEY_BYTES
+    max_name_bytes: int = MAX_LISTING_NAME_BYTES
+    max_pages: int = MAX_LISTING_PAGES
+    objects: int = field(default=0, init=False)
+    name_bytes: int = field(default=0, init=False)
+    pages: int = field(default=0, init=False)
 
     def page(self) -> None:
         """One more page received."""
