@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable
+from dataclasses import KW_ONLY, dataclass, field
 from typing import Any
 
 import structlog
@@ -89,50 +90,47 @@ def _too_large(exc: ApiError) -> bool:
     return exc.status in (413, 422, 500) and ("must have at most" in text or "too large" in text or "too long" in text)
 
 
+@dataclass(eq=False)
 class NodeConfigMap:
     """The writer of this node's ConfigMap (see the module contract); ``current`` returns the watched object."""
 
-    def __init__(
-        self,
-        client: KubeClient,
-        namespace: str,
-        node_name: str,
-        current: Callable[[], dict[str, Any] | None],
-        *,
-        budget_bytes: int = DATA_LIMIT_BYTES - HEADROOM_BYTES,
-        events: EventRecorder | None = None,
-        metrics: Metrics | None = None,
-        node_object: Callable[[], dict[str, Any] | None] = lambda: None,
-    ) -> None:
-        self._client = client
-        self.namespace = namespace
-        self.node_name = node_name
-        self._current = current
-        self.budget_bytes = budget_bytes
-        self._events = events
-        self._metrics = metrics
-        self._node_object = node_object
-        self.written: dict[str, str | None] = {}
-        self._latest: dict[str, Any] | None = None  # the object as the last write's answer had it
-        self.refused: dict[str, int] = {}  # keys with no room -> bytes their smallest form needs
-        self.compacted: set[str] = set()  # keys written without their parsed config for lack of room
-        self.used_bytes = 0
+    client: KubeClient
+    namespace: str
+    node_name: str
+    current: Callable[[], dict[str, Any] | None]
+    _: KW_ONLY
+    budget_bytes: int = DATA_LIMIT_BYTES - HEADROOM_BYTES
+    events: EventRecorder | None = None
+    metrics: Metrics | None = None
+    node_object: Callable[[], dict[str, Any] | None] = lambda: None
+    written: dict[str, str | None] = field(default_factory=dict, init=False)
+    # the object as the last write's answer had it
+    _latest: dict[str, Any] | None = field(default=None, init=False, repr=False)
+    # keys with no room -> bytes their smallest form needs
+    refused: dict[str, int] = field(default_factory=dict, init=False)
+    # keys written without their parsed config for lack of room
+    compacted: set[str] = field(default_factory=set, init=False)
+    used_bytes: int = field(default=0, init=False)
+    batcher: KeyBatcher = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        """The batcher that carries this writer's key writes."""
         self.batcher = KeyBatcher(self._send, max_bytes=MAX_BATCH_BYTES)
 
     def data(self) -> dict[str, str]:
         """A copy of the watched ``data``: what the ConfigMap held as last heard."""
-        cm = self._current() or {}
+        cm = self.current() or {}
         return dict(cm.get("data") or {})
 
     def get(self, key: str) -> str | None:
         """The watched value of ``key``, or None."""
-        cm = self._current() or {}
+        cm = self.current() or {}
         value = (cm.get("data") or {}).get(key)
         return value if isinstance(value, str) else None
 
     def identity_ok(self) -> bool:
         """Whether the watched ConfigMap carries the label and annotations OME's controller finds it by."""
-        cm = self._current()
+        cm = self.current()
         if cm is None:
             return False
         labels = objects.labels(cm)
@@ -169,7 +167,7 @@ class NodeConfigMap:
             self._settled(key)
         else:
             value = cap_entry_json(value)
-        cm = self._current()
+        cm = self.current()
         if cm is None and value is None:
             return False
         current = self.get(key)
@@ -189,7 +187,7 @@ class NodeConfigMap:
 
     def _base(self) -> dict[str, str]:
         """The object's data as last known: the newer of the watched object and the last write's answer."""
-        watched, latest = self._current(), self._latest
+        watched, latest = self.current(), self._latest
         newest = (
             latest
             if watched is None or (latest is not None and _resource_version(latest) >= _resource_version(watched))
@@ -218,7 +216,7 @@ class NodeConfigMap:
                 raise
             # The server counted more than the agent knew of (another writer's keys): read it and place again.
             log.warning("ConfigMap refused as too large; re-reading it", error=str(exc))
-            self._latest = await self._client.request("GET", path)
+            self._latest = await self.client.request("GET", path)
             placement = place(self._base(), batch, self.budget_bytes, without_config, _is_model_key)
             await self._write(placement.write)
         self._record(placement)
@@ -248,22 +246,22 @@ class NodeConfigMap:
                 used_bytes=placement.used_bytes,
                 budget_bytes=self.budget_bytes,
             )
-        if self._metrics is not None:
-            self._metrics.configmap_bytes.set(self.used_bytes)
-            self._metrics.configmap_full.set(1 if self.full else 0)
-            self._metrics.configmap_refused.set(len(self.refused))
-            self._metrics.configmap_compacted.set(len(self.compacted))
-        if self.full != was_full and self._events is not None:
-            node = self._node_object() or {"kind": "Node", "apiVersion": "v1", "metadata": {"name": self.node_name}}
+        if self.metrics is not None:
+            self.metrics.configmap_bytes.set(self.used_bytes)
+            self.metrics.configmap_full.set(1 if self.full else 0)
+            self.metrics.configmap_refused.set(len(self.refused))
+            self.metrics.configmap_compacted.set(len(self.compacted))
+        if self.full != was_full and self.events is not None:
+            node = self.node_object() or {"kind": "Node", "apiVersion": "v1", "metadata": {"name": self.node_name}}
             where = f"ConfigMap {self.namespace}/{self.node_name}"
             if self.full:
                 message = (
                     f"{where} is full ({self.used_bytes} of {self.budget_bytes} bytes): {len(self.refused)} model "
                     "entries cannot be written, and those models are not labelled Ready here until they are"
                 )
-                self._events.emit(ObjectRef.of(node), WARNING, EventReason.CONFIGMAP_FULL, message)
+                self.events.emit(ObjectRef.of(node), WARNING, EventReason.CONFIGMAP_FULL, message)
             else:
-                self._events.emit(
+                self.events.emit(
                     ObjectRef.of(node), NORMAL, EventReason.CONFIGMAP_ROOM, f"{where} has room for every entry again"
                 )
 
@@ -275,7 +273,7 @@ class NodeConfigMap:
         path = CONFIGMAPS.path(self.namespace, self.node_name)
         patch = {"metadata": self._identity(), "data": batch}
         try:
-            self._latest = await self._client.request("PATCH", path, body=patch, content_type=MERGE_PATCH)
+            self._latest = await self.client.request("PATCH", path, body=patch, content_type=MERGE_PATCH)
             return
         except ApiError as exc:
             if exc.status != 404:
@@ -290,11 +288,11 @@ class NodeConfigMap:
             "data": data,
         }
         try:
-            self._latest = await self._client.request("POST", CONFIGMAPS.path(self.namespace), body=body)
+            self._latest = await self.client.request("POST", CONFIGMAPS.path(self.namespace), body=body)
         except ApiError as exc:
             if exc.status != 409:
                 raise
-            self._latest = await self._client.request("PATCH", path, body=patch, content_type=MERGE_PATCH)
+            self._latest = await self.client.request("PATCH", path, body=patch, content_type=MERGE_PATCH)
 
     async def close(self) -> None:
         """Stop the write batcher; writes still waiting fail instead of hanging."""

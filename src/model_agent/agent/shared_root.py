@@ -50,7 +50,7 @@ import os
 import random
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import KW_ONLY, InitVar, dataclass, field
 from enum import StrEnum
 from pathlib import Path
 from typing import Any, TypeVar
@@ -294,31 +294,29 @@ class _RootState:
     marker_error: str = ""
 
 
+@dataclass(eq=False)
 class SharedRoots:
     """The shared-root rules of one agent (see the module contract)."""
 
-    def __init__(
-        self,
-        client: KubeClient,
-        namespace: str,
-        node: str,
-        layout: Layout,
-        manifests: ManifestStore,
-        *,
-        forced: bool = False,
-        lease_s: int = 30,
-        requeue: Callable[[str], None] = lambda _key: None,
-        poll_s: float = WAIT_POLL_S,
-    ) -> None:
-        self._node = node
+    client: KubeClient
+    namespace: str
+    node: str
+    layout: InitVar[Layout]  # kept as _layout
+    manifests: ManifestStore
+    _: KW_ONLY
+    forced: bool = False
+    lease_s: int = 30
+    requeue: Callable[[str], None] = lambda _key: None
+    poll_s: float = WAIT_POLL_S
+    _layout: Layout = field(init=False, repr=False)
+    _leases: OriginSlots = field(init=False, repr=False)
+    _roots: dict[Path, _RootState] = field(default_factory=dict, init=False, repr=False)
+    _rng: random.Random = field(default_factory=random.Random, init=False, repr=False)
+
+    def __post_init__(self, layout: Layout) -> None:
+        """Keep the layout; the one-slot Lease per publication lets one node of the fleet fetch into a shared root."""
         self._layout = layout
-        self._manifests = manifests
-        self._forced = forced
-        self._requeue = requeue
-        self.poll_s = poll_s
-        self._leases = OriginSlots(client, namespace, node, 1, lease_s=lease_s, poll_s=poll_s)
-        self._roots: dict[Path, _RootState] = {}
-        self._rng = random.Random()
+        self._leases = OriginSlots(self.client, self.namespace, self.node, 1, lease_s=self.lease_s, poll_s=self.poll_s)
 
     # ----------------------------------------------------------------------------------- detection
 
@@ -327,7 +325,7 @@ class SharedRoots:
         for root in self._layout.roots:
             error = ""
             try:
-                write_marker(root.private, self._node)
+                write_marker(root.private, self.node)
             except (OSError, ValueError) as exc:
                 error = str(exc)
                 log.warning(
@@ -342,7 +340,7 @@ class SharedRoots:
 
     def _scan(self, root: Root) -> SharedVerdict:
         nodes, _ = read_markers(root.private)
-        return decide_shared(self._forced, self._node, nodes)
+        return decide_shared(self.forced, self.node, nodes)
 
     def verdict(self, root: Root, *, fresh: bool = False) -> SharedVerdict:
         """Whether ``root`` is shared; re-read at most every :data:`VERDICT_TTL_S` unless ``fresh``; sticky."""
@@ -418,7 +416,7 @@ class SharedRoots:
     def _adoptable(self, key: str, storage_uri: str, dest: Path, root: Root) -> Manifest | None:
         """A peer's (or an earlier) publication of this target that can be taken as it is (saved as this key's
         record if needed), or None."""
-        current = self._manifests.load(key)
+        current = self.manifests.load(key)
         if (
             current is not None
             and _names_target(current, storage_uri, dest)
@@ -436,18 +434,18 @@ class SharedRoots:
             log.debug("publication not adoptable", key=key, why=why)
             return None
         manifest.key = key
-        self._manifests.save(manifest, root)
+        self.manifests.save(manifest, root)
         return manifest
 
     def _publish(self, key: str, storage_uri: str, dest: Path, root: Root) -> None:
-        manifest = self._manifests.load(key)
+        manifest = self.manifests.load(key)
         if manifest is None or not _names_target(manifest, storage_uri, dest):
             return
         path = self._publication_path(root, storage_uri, dest)
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.{self._node}.{os.getpid()}.tmp")
+        tmp = path.with_name(f".{path.name}.{self.node}.{os.getpid()}.tmp")
         with tmp.open("wb") as fh:
-            fh.write(publication_bytes(manifest.to_json(), self._node, time.time()))
+            fh.write(publication_bytes(manifest.to_json(), self.node, time.time()))
             fh.flush()
             os.fsync(fh.fileno())
         tmp.replace(path)
@@ -500,7 +498,7 @@ class SharedRoots:
                 if on_wait is not None:
                     await on_wait(job.progress)  # Updating with this phase in the node's entry
                 else:
-                    self._requeue(key)
+                    self.requeue(key)
                 shown = True
             await asyncio.sleep(self.poll_s * (0.5 + self._rng.random()))
 
@@ -536,7 +534,7 @@ class SharedRoots:
             yield plan
             return
         async with self._try_hold(f"shared-trash|{key}") as holding:
-            fresh = await asyncio.to_thread(self._manifests.load, key) if holding else None
+            fresh = await asyncio.to_thread(self.manifests.load, key) if holding else None
             ours = fresh is not None and (not uid or fresh.uid in (uid, ""))
             plan = removal_plan(True, True, holding, records_shared, ours)
             if plan is None:
@@ -603,7 +601,7 @@ class SharedRoots:
         path = self._verified_path(root, manifest)
         path.parent.mkdir(parents=True, exist_ok=True)
         stamp = time.time() if now is None else now
-        write_atomic(path, verification_bytes(files_digest(manifest), self._node, stamp, damaged))
+        write_atomic(path, verification_bytes(files_digest(manifest), self.node, stamp, damaged))
 
     async def as_purge_owner(self, purge: Callable[[], Awaitable[list[T]]]) -> list[T]:
         """Run ``purge`` if this node may purge now: always on private roots; the purge Lease's holder on shared."""
