@@ -70,6 +70,8 @@ def max_concurrent_clients(records: list[ServedRequest], path_contains: str) -> 
 class CountingProxy(LoopThread):
     """A reverse proxy to ``upstream`` (``http://host:port``) that records every request; see the module doc."""
 
+    thread_name = "counting-proxy"
+
     def __init__(self, upstream: str = "", *, rewrite: Callable[[web.Request], str] | None = None) -> None:
         self.upstream = upstream  # may be set after construction, before the first request
         self._rewrite = rewrite
@@ -100,22 +102,7 @@ class CountingProxy(LoopThread):
         with self._lock:
             return sum(r.bytes_sent for r in self._records if path_contains in r.path)
 
-    # -- lifecycle
-    def start(self) -> int:
-        """Start serving in the proxy's own thread and return its port."""
-        return self._start_thread("counting-proxy")
-
-    def stop(self) -> None:
-        """Stop serving and join the thread; idempotent."""
-        self._stop_thread()
-
-    def __enter__(self) -> CountingProxy:
-        self.start()
-        return self
-
-    def __exit__(self, *_exc: object) -> None:
-        self.stop()
-
+    # -- lifecycle (start, stop and the with block: LoopThread)
     async def _setup(self) -> int:
         self._session = aiohttp.ClientSession(
             auto_decompress=False,

@@ -14,6 +14,7 @@ import concurrent.futures
 import contextlib
 import socket
 import threading
+from typing import ClassVar, Self
 
 from aiohttp import web
 
@@ -37,11 +38,27 @@ async def serve_on_loopback(runner: web.AppRunner) -> int:
 
 
 class LoopThread:
-    """The thread-and-loop lifecycle shared by the test bed's in-process servers."""
+    """The thread-and-loop lifecycle shared by the test bed's in-process servers (``thread_name`` names the thread)."""
 
+    thread_name: ClassVar[str] = "loop-thread"
     port: int = 0
     _loop: asyncio.AbstractEventLoop | None = None
     _thread: threading.Thread | None = None
+
+    def start(self) -> int:
+        """Start serving in the server's own thread and return its port."""
+        return self._start_thread(self.thread_name)
+
+    def stop(self) -> None:
+        """Stop serving and join the thread; idempotent."""
+        self._stop_thread()
+
+    def __enter__(self) -> Self:
+        self.start()
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.stop()
 
     async def _setup(self) -> int:
         """Open the server on the loop; return the port it listens on."""

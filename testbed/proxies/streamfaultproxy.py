@@ -73,6 +73,8 @@ class Counters:
 class HttpFaultProxy(LoopThread):
     """The proxy in front of ``upstream_host:upstream_port``; :attr:`faults` arms it, :attr:`counters` reads it."""
 
+    thread_name = "http-fault-proxy"
+
     def __init__(self, upstream_port: int, upstream_host: str = "127.0.0.1") -> None:
         self.upstream = (upstream_host, upstream_port)
         self.faults = Faults()
@@ -92,21 +94,7 @@ class HttpFaultProxy(LoopThread):
         self.counters = Counters()
 
     # ------------------------------------------------------------------------------------ lifecycle
-
-    def start(self) -> int:
-        """Start serving in the proxy's own thread and return its port."""
-        return self._start_thread("http-fault-proxy")
-
-    def stop(self) -> None:
-        """Stop serving (open client connections are aborted) and join the thread; idempotent."""
-        self._stop_thread()
-
-    def __enter__(self) -> HttpFaultProxy:
-        self.start()
-        return self
-
-    def __exit__(self, *_exc: object) -> None:
-        self.stop()
+    # start, stop and the with block: LoopThread; stopping aborts the open client connections (_cleanup).
 
     async def _setup(self) -> int:
         self._server = await asyncio.start_server(self._client, "127.0.0.1", 0)

@@ -42,8 +42,7 @@ if TYPE_CHECKING:
     from types_boto3_s3.type_defs import CompletedPartTypeDef
 
 MOTO_VERSION = "5.2.5"
-DUMMY_KEY_ID = "testing"
-DUMMY_SECRET = "testing"
+DUMMY_KEY_ID = DUMMY_SECRET = "testing"  # the credentials moto accepts: any
 DEFAULT_REGION = "us-east-1"
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")

@@ -310,6 +310,10 @@ class OlahServer(ManagedService):
     ) -> None:
         self.mirrors_root = Path(mirrors_root).resolve()
         self.state_dir = Path(state_dir).resolve()
+        self.config_path = self.state_dir / "olah.toml"
+        self.log_path = self.state_dir / "olah.out"  # Olah's stdout and stderr (uvicorn's access log included)
+        # Olah's ``repos-path``; offline mode serves local mirrors without writing here.
+        self.cache_dir = self.state_dir / "repos"
         self.venv_dir = Path(venv_dir) if venv_dir is not None else default_venv_dir()
         self.start_timeout = start_timeout
         self.stop_timeout = stop_timeout
@@ -333,20 +337,6 @@ class OlahServer(ManagedService):
         if not self._olah_port:
             raise OlahError("the olah mirror is not running: call start() first")
         return f"http://127.0.0.1:{self._olah_port}"
-
-    @property
-    def config_path(self) -> Path:
-        return self.state_dir / "olah.toml"
-
-    @property
-    def log_path(self) -> Path:
-        """Olah's stdout and stderr (uvicorn's access log included)."""
-        return self.state_dir / "olah.out"
-
-    @property
-    def cache_dir(self) -> Path:
-        """Olah's ``repos-path``; offline mode serves local mirrors without writing here."""
-        return self.state_dir / "repos"
 
     def client_env(self) -> dict[str, str]:
         """Environment for a ``huggingface_hub`` process that should download from this mirror."""
