@@ -81,19 +81,10 @@ from typing import TYPE_CHECKING, Any, Unpack
 
 from model_agent.model.reasons import Reason
 from model_agent.model.uris import parse_s3_uri
+from model_agent.sources import objects as store
 from model_agent.sources.base import FetchRequest, FetchResult, Progress, SourceError
 from model_agent.sources.egress import CredentialUse, Guard, credential_for, current, guard_for
 from model_agent.sources.listing import ListingBudget
-from model_agent.sources.objects import (
-    ObjectGet,
-    ObjectStoreFetch,
-    RemoteObject,
-    SignedUrls,
-    StoreTuning,
-    folder_prefix,
-    listed_object,
-    parsed_uri,
-)
 from model_agent.transfer import Expected, b64_to_hex
 
 if TYPE_CHECKING:
@@ -164,7 +155,7 @@ def credentials_from_secret(data: Mapping[str, str] | None) -> S3Credentials | N
 
 def settings_for(request: FetchRequest) -> S3Settings:
     """Bucket, prefix, endpoint, region, addressing and credentials of one fetch, or a SourceError."""
-    uri = parsed_uri(parse_s3_uri, request)
+    uri = store.parsed_uri(parse_s3_uri, request)
     params = request.parameters
     style = (params.get(PARAM_ADDRESSING) or "auto").strip().lower()
     if style not in ("auto", "path", "virtual"):
@@ -189,7 +180,7 @@ def settings_for(request: FetchRequest) -> S3Settings:
     anonymous = use == CredentialUse.ANONYMOUS
     return S3Settings(
         bucket=uri.bucket,
-        prefix=folder_prefix(uri.prefix),
+        prefix=store.folder_prefix(uri.prefix),
         region=(params.get(PARAM_REGION) or "").strip() or uri.region or None,
         endpoint=endpoint,
         addressing_style=style,
@@ -273,7 +264,7 @@ def _classify(exc: BaseException, label: str, *, tenant: bool = False) -> Source
     return SourceError(Reason.SOURCE_ERROR, f"{label}: {type(exc).__name__}: {detail}")
 
 
-class S3Source(ObjectStoreFetch):
+class S3Source(store.ObjectStoreFetch):
     """The ``s3://`` source; one instance serves every S3 model of the agent (clients are cached)."""
 
     def __init__(
@@ -282,7 +273,7 @@ class S3Source(ObjectStoreFetch):
         page_size: int = 1000,
         presign_expiry_s: int = DEFAULT_PRESIGN_EXPIRY_S,
         on_client: Callable[[S3Client], None] | None = None,
-        **tuning: Unpack[StoreTuning],
+        **tuning: Unpack[store.StoreTuning],
     ) -> None:
         super().__init__(**tuning)
         self.page_size = page_size
@@ -336,8 +327,8 @@ class S3Source(ObjectStoreFetch):
         self._clients[cache_key] = client
         return client
 
-    def list_objects(self, client: S3Client, settings: S3Settings) -> list[RemoteObject]:
-        objects: list[RemoteObject] = []
+    def list_objects(self, client: S3Client, settings: S3Settings) -> list[store.RemoteObject]:
+        objects: list[store.RemoteObject] = []
         budget = ListingBudget(settings.label())
         paginator = client.get_paginator("list_objects_v2")
         pages = paginator.paginate(
@@ -348,7 +339,9 @@ class S3Source(ObjectStoreFetch):
             for item in page.get("Contents", []):
                 budget.item(str(item["Key"]))
                 etag = str(item.get("ETag", ""))
-                obj = listed_object(item["Key"], int(item.get("Size", 0)), etag, settings.prefix, md5_of_etag(etag))
+                obj = store.listed_object(
+                    item["Key"], int(item.get("Size", 0)), etag, settings.prefix, md5_of_etag(etag)
+                )
                 if obj is not None:
                     objects.append(obj)
         return objects
@@ -373,15 +366,15 @@ class S3Source(ObjectStoreFetch):
             )
 
         # Signing is local, but temporary credentials may need a refresh first (a network call): in a thread.
-        presigner = SignedUrls(lambda key: asyncio.to_thread(presign, key), PRESIGN_RENEW_S)
+        presigner = store.SignedUrls(lambda key: asyncio.to_thread(presign, key), PRESIGN_RENEW_S)
 
-        async def prepare(obj: RemoteObject) -> ObjectGet:
+        async def prepare(obj: store.RemoteObject) -> store.ObjectGet:
             try:
                 head = await asyncio.to_thread(
                     client.head_object, Bucket=settings.bucket, Key=obj.key, ChecksumMode="ENABLED"
                 )
             except Exception as exc:
                 raise _classify(exc, settings.label(obj.key), tenant=settings.guard is not None) from exc
-            return ObjectGet(expected_from_head(head), presigner.for_key(obj.key))
+            return store.ObjectGet(expected_from_head(head), presigner.for_key(obj.key))
 
         return await self.fetch_objects(request, objects, label=settings.label, progress=progress, prepare=prepare)
