@@ -348,14 +348,15 @@ def by_name(*names: str) -> Callable[[JSON], bool]:
 class Rule:
     """When a request matches, apply ``action``.
 
-    ``path`` is a regular expression searched in the request path (no query; ``""`` matches all);
-    ``method`` (HTTP, any case), ``watch`` (is it a watch) and ``verb`` (see :func:`classify`) narrow it
-    when given. ``times`` is how often the rule may fire (``None``: unlimited). ``name`` keys
+    ``path`` is a regular expression searched in the request path (no query; ``""`` matches all); the rest are
+    keywords: ``method`` (HTTP, any case), ``watch`` (is it a watch) and ``verb`` (see :func:`classify`) narrow
+    it when given. ``times`` is how often the rule may fire (``None``: unlimited). ``name`` keys
     :meth:`FaultProxy.stats` (default ``rule-<n>``).
     """
 
     path: str
     action: Action
+    _: dataclasses.KW_ONLY
     method: str | None = None
     watch: bool | None = None
     verb: str | None = None

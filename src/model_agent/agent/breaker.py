@@ -143,6 +143,21 @@ class Breaker:
         # Models that appeared during the window count too; removed ones still count until it ends.
         return max(total_models, self._window_models or 0, 1)
 
+    def _over(self, total_models: int) -> tuple[int, int] | None:
+        """``(would remove, models)`` when the removals of the window are over the limit; None when not."""
+        would_remove = self._would_remove()
+        models = self._models(total_models)
+        if would_remove >= self.minimum and would_remove > self.ratio * models:
+            return would_remove, models
+        return None
+
+    def _trip(self, now: float, why: str) -> None:
+        """Open the breaker at ``now``; ``on_change`` hears ``why``."""
+        self.opened_at = now
+        self.trips += 1
+        if self.on_change:
+            self.on_change(True, why)
+
     def suspect(self, key: str, total_models: int) -> None:
         """A candidate whose absence cannot be proven because its whole kind vanished (the CRD is gone).
 
@@ -152,17 +167,14 @@ class Breaker:
         now = self.clock()
         self._expire(now)
         self._note_pending(key, total_models, now)
-        would_remove = self._would_remove()
-        models = self._models(total_models)
-        if self.opened_at is None and would_remove >= self.minimum and would_remove > self.ratio * models:
-            self.opened_at = now
-            self.trips += 1
-            if self.on_change:
-                self.on_change(
-                    True,
-                    f"{would_remove} of {models} models look gone within {self.window_s:.0f}s because their "
-                    "resource type is gone (CRD deleted?); nothing is removed",
-                )
+        over = self._over(total_models)
+        if self.opened_at is None and over is not None:
+            would_remove, models = over
+            self._trip(
+                now,
+                f"{would_remove} of {models} models look gone within {self.window_s:.0f}s because their "
+                "resource type is gone (CRD deleted?); nothing is removed",
+            )
 
     def decide(self, key: str, total_models: int, *, settled: bool = False) -> Decision:
         """The verdict for one confirmed removal; counts nothing as done (see :meth:`record`).
@@ -176,17 +188,14 @@ class Breaker:
         resumed = now < self._resumed_until
         if self.opened_at is not None and not resumed:
             return Decision(Verdict.HELD, delay_s=min(60.0, self.window_s))
-        would_remove = self._would_remove()
-        models = self._models(total_models)
-        if not resumed and would_remove >= self.minimum and would_remove > self.ratio * models:
-            self.opened_at = now
-            self.trips += 1
-            if self.on_change:
-                self.on_change(
-                    True,
-                    f"{would_remove} of {models} models would be removed within "
-                    f"{self.window_s:.0f}s (limit: more than {self.ratio:.0%} and at least {self.minimum})",
-                )
+        over = None if resumed else self._over(total_models)
+        if over is not None:
+            would_remove, models = over
+            self._trip(
+                now,
+                f"{would_remove} of {models} models would be removed within "
+                f"{self.window_s:.0f}s (limit: more than {self.ratio:.0%} and at least {self.minimum})",
+            )
             return Decision(Verdict.HELD, delay_s=min(60.0, self.window_s))
         waited = now - first
         if waited < self.settle_s and not settled:

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 
+from model_agent.agent.late_wiring import LateWiring
 from model_agent.ops.events import WARNING, ObjectRef
 
 if TYPE_CHECKING:
@@ -30,22 +31,15 @@ log = structlog.get_logger(__name__)
 RBAC_WINDOW_S = 600.0
 
 
-class NodeAlerts:
+class NodeAlerts(LateWiring):
     """Breaker and RBAC warnings for this node; see the module docstring."""
 
     def __init__(self) -> None:
-        self._w: Wiring | None = None
         self.forbidden: dict[str, float] = {}  # resource -> last 401/403 (monotonic), for /healthz
 
     def attach(self, wiring: Wiring) -> None:
         """Bind the built collaborators (before any request is made)."""
         self._w = wiring
-
-    @property
-    def w(self) -> Wiring:
-        """The collaborators (attached before any request is made)."""
-        assert self._w is not None, "NodeAlerts used before attach()"
-        return self._w
 
     def _node(self) -> dict[str, Any]:
         """This node's Node from the cache, or a reference by name when the cache has none yet."""

@@ -580,13 +580,13 @@ class Reconciler:
         request = FetchRequest(
             storage_uri=target.storage_uri,
             dest=target.dest,
+            root=target.root.path,
             staging=staging,
             previous=previous,
             token=token,
             secret=secret,
             parameters=dict(obj.spec.storage.parameters),
             on_progress=on_progress,
-            root=target.root.path,
             shape_alias=self._shape_filter(obj) if rules.shape_filter else None,
             owner=model_owner(obj),  # tenancy: a BaseModel outside the trusted namespaces (sources/egress.py)
         )

@@ -98,13 +98,19 @@ class FetchTurn(StrEnum):
     WAIT = "wait"  # another node holds the Lease: show waiting-for-peer and look again
 
 
+def _turn(shared: bool, done_elsewhere: bool, holds_lease: bool, turns: tuple[T, T, T, T]) -> T:
+    """The rule of both turns; ``turns`` are (a private root, done by another node, this node's, another's)."""
+    alone, elsewhere, ours, theirs = turns
+    if not shared:
+        return alone
+    if done_elsewhere:
+        return elsewhere
+    return ours if holds_lease else theirs
+
+
 def fetch_turn(shared: bool, published: bool, holds_lease: bool) -> FetchTurn:
     """The turn of one node for one target (``published``: a valid publication of exactly this target)."""
-    if not shared:
-        return FetchTurn.ALONE
-    if published:
-        return FetchTurn.ADOPT
-    return FetchTurn.FETCH if holds_lease else FetchTurn.WAIT
+    return _turn(shared, published, holds_lease, (FetchTurn.ALONE, FetchTurn.ADOPT, FetchTurn.FETCH, FetchTurn.WAIT))
 
 
 @dataclass(frozen=True)
@@ -189,11 +195,8 @@ class VerifyTurn(StrEnum):
 
 def verify_turn(shared: bool, verified_recently: bool, holds_lease: bool) -> VerifyTurn:
     """The turn of one node's scheduled pass for one model (``verified_recently``: see :func:`fresh_verification`)."""
-    if not shared:
-        return VerifyTurn.ALONE
-    if verified_recently:
-        return VerifyTurn.SKIP
-    return VerifyTurn.VERIFY if holds_lease else VerifyTurn.BUSY
+    turns = (VerifyTurn.ALONE, VerifyTurn.SKIP, VerifyTurn.VERIFY, VerifyTurn.BUSY)
+    return _turn(shared, verified_recently, holds_lease, turns)
 
 
 def files_digest(manifest: Manifest) -> str:

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 
+from model_agent.agent.late_wiring import LateWiring
 from model_agent.kube import objects
 from model_agent.kube.store import Change, object_key
 from model_agent.model import key_owners
@@ -41,11 +42,10 @@ log = structlog.get_logger(__name__)
 REPAIR_REFUSED_RECHECK_S = 1.0
 
 
-class WatchHandlers:
+class WatchHandlers(LateWiring):
     """The reflectors' change handlers and the key bookkeeping they need; see the module docstring."""
 
     def __init__(self) -> None:
-        self._w: Wiring | None = None
         self._on_full_pass: Callable[[set[str]], None] = lambda _keys: None
         self.label_index: dict[str, str] = {}  # node label key -> model key, for changes of one label
         # (where, key) of labels and ConfigMap keys that map to no known model, each logged once.
@@ -55,12 +55,6 @@ class WatchHandlers:
         """Bind the built collaborators; ``on_full_pass`` gets the keys of every full enqueue (inventory)."""
         self._w = wiring
         self._on_full_pass = on_full_pass
-
-    @property
-    def w(self) -> Wiring:
-        """The collaborators (attached before any reflector runs)."""
-        assert self._w is not None, "WatchHandlers used before attach()"
-        return self._w
 
     # ------------------------------------------------------------------------------------ handlers
 

@@ -138,10 +138,7 @@ class WorkQueue(Generic[K]):
         """The number of keys ready to be handed out."""
         return len(self._queue)
 
-    @property
-    def depth(self) -> int:
-        """Ready keys (client-go's ``workqueue_depth``); the same as ``len(queue)``."""
-        return len(self._queue)
+    depth = property(__len__, doc="Ready keys (client-go's ``workqueue_depth``); the same as ``len(queue)``.")
 
     @property
     def processing_count(self) -> int:

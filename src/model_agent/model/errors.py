@@ -8,6 +8,9 @@ under its old name for the code that imports it from there.
 
 Contract: ``retryable`` says whether the same fetch may succeed later without a spec change (a timeout, a full
 disk, a rate limit) or not (a refused path, a missing repository: retried only after the spec changes).
+
+:class:`ReasonError` is the base of the errors a value the agent cannot use raises before any fetch (a model
+object, a storage URI): its ``reason`` is the complete sentence that becomes the model's ``Failed`` reason.
 """
 
 from __future__ import annotations
@@ -22,3 +25,11 @@ class SourceError(Exception):
         self.reason = str(reason)
         self.message = message
         self.retryable = retryable
+
+
+class ReasonError(ValueError):
+    """A value that cannot be used; ``reason`` is a complete human-readable sentence (also the message)."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason

@@ -28,6 +28,7 @@ from typing import Any, Final
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from model_agent.model import keys
+from model_agent.model.errors import ReasonError
 from model_agent.model.keys import ModelKind
 
 __all__ = [
@@ -53,12 +54,8 @@ _TRUE: Final = "true"
 _MAX_REPORTED_ERRORS: Final = 3
 
 
-class InvalidModel(ValueError):
+class InvalidModel(ReasonError):
     """A model object the agent cannot work with; ``reason`` is a human-readable sentence."""
-
-    def __init__(self, reason: str) -> None:
-        super().__init__(reason)
-        self.reason = reason
 
 
 class DownloadPolicy(StrEnum):

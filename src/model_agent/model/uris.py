@@ -28,13 +28,11 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Final
 
+from model_agent.model.errors import ReasonError
 
-class InvalidStorageUri(ValueError):
+
+class InvalidStorageUri(ReasonError):
     """A storage URI that cannot be used; ``reason`` is a complete human-readable sentence."""
-
-    def __init__(self, reason: str) -> None:
-        super().__init__(reason)
-        self.reason = reason
 
 
 class StorageType(StrEnum):

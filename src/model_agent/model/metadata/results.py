@@ -107,13 +107,14 @@ class DiffusionPipeline:
         out: dict[str, Any] = {}
         if self.class_name:
             out["className"] = self.class_name
-        for key, component in (
-            ("scheduler", self.scheduler),
-            ("textEncoder", self.text_encoder),
-            ("tokenizer", self.tokenizer),
-            ("transformer", self.transformer),
-            ("vae", self.vae),
-        ):
+        components = {
+            "scheduler": self.scheduler,
+            "textEncoder": self.text_encoder,
+            "tokenizer": self.tokenizer,
+            "transformer": self.transformer,
+            "vae": self.vae,
+        }
+        for key, component in components.items():
             if component is not None:
                 out[key] = component.to_spec()
         if self.additional_components:
