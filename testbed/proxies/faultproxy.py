@@ -52,7 +52,7 @@ import ssl
 import threading
 from collections.abc import Callable, Coroutine, Mapping
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal, TypedDict, TypeVar, Unpack
 
 import aiohttp
 import yaml
@@ -344,6 +344,15 @@ def by_name(*names: str) -> Callable[[JSON], bool]:
 # ----------------------------------------------------------------------------------------------- rules
 
 
+class RequestFilters(TypedDict, total=False):
+    """The filters :meth:`FaultProxy.requests` and :meth:`FaultProxy.count` take (None, like leaving one out: any)."""
+
+    method: str | None
+    path_contains: str | None
+    verb: str | None
+    resource: str | None
+
+
 @dataclasses.dataclass(frozen=True)
 class Rule:
     """When a request matches, apply ``action``.
@@ -552,15 +561,9 @@ class FaultProxy(LoopThread, ManagedService):
                 and (resource is None or r.resource == resource)
             ]
 
-    def count(
-        self,
-        method: str | None = None,
-        path_contains: str | None = None,
-        verb: str | None = None,
-        resource: str | None = None,
-    ) -> int:
+    def count(self, **filters: Unpack[RequestFilters]) -> int:
         """How many recorded requests match all the given filters (``requests`` with the same arguments, counted)."""
-        return len(self.requests(method, path_contains, verb, resource))
+        return len(self.requests(**filters))
 
     def reset(self) -> None:
         """Forget the records and the stats of removed rules (added rules keep theirs)."""
