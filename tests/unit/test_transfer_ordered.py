@@ -195,34 +195,6 @@ async def test_spliced_bodies_are_read_back(tmp_path: Path, monkeypatch: pytest.
     assert feeds.every_hasher_fed(len(data))
 
 
-async def test_the_hash_follows_a_part_while_it_arrives(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A large part is hashed in steps as it is written, not in one read-back once it is complete."""
-    data = os.urandom(12 * MiB)
-    reported = [0]
-    at_read_back: list[int] = []  # bytes in the file when each read-back began
-    real_mapped = hashing.hash_mapped
-
-    def hash_mapped(fd: int, hasher: hashing.Hasher, offset: int, length: int) -> None:
-        at_read_back.append(reported[0])
-        real_mapped(fd, hasher, offset, length)
-
-    monkeypatch.setattr(hashing, "hash_mapped", hash_mapped)
-    origin = await origin_for(data)
-    origin.delay = 0.001
-    try:
-        config = RangedConfig(part_size=16 * MiB, concurrency=1, write_buffer=1 * MiB, backoff_base_s=0.01)
-        got = await engine(config).download(
-            origin.url,
-            tmp_path / "f",
-            Expected(len(data), {"sha256": hashlib.sha256(data).hexdigest()}),
-            on_bytes=lambda n: reported.__setitem__(0, reported[0] + n),
-        )
-    finally:
-        await origin.stop()
-    assert got.digests["sha256"] == hashlib.sha256(data).hexdigest()
-    assert len(at_read_back) >= 2 and at_read_back[0] < len(data)  # it began before the one part was complete
-
-
 async def test_a_flipped_byte_hashed_from_the_buffer_fails_verification(tmp_path: Path, copying: None) -> None:
     data = os.urandom(1 * MiB)
     origin = await origin_for(data)

@@ -58,8 +58,7 @@ keep-alive ``http.client`` connection per slot; TLS trust, proxies, the tenant c
 :mod:`.splice` (zero-copy receive on plain TCP), :mod:`.answers` (what a response means),
 :mod:`.hashing` (checksums over the page cache), :mod:`.disk` (preallocation, disk errors), :mod:`.aio`
 (thread work that can be waited for, task groups). One writer thread at a time per file; hashing runs
-beside the transfer over the prefix in the file (it follows the part at its cursor while that part
-arrives), and the receive is held within one round of slots
+beside the transfer over the completed prefix, and the receive is held within one round of slots
 (``concurrency x part_size``) of it, so verification ends moments after the last byte lands. Why each
 choice, with the measurements: ``bench/RANGED_HISTORY.md`` and ``docs/performance.md``.
 """

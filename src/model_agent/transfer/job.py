@@ -47,12 +47,7 @@ if TYPE_CHECKING:
     from model_agent.transfer.engine import RangedDownloader, Slot
 
 MiB = 1024 * 1024
-# Spliced bytes are reported to the event loop in steps this large: few wake-ups, yet the hash can follow the
-# part at its cursor while that part is still arriving (see Job._hashable_bytes).
-PROGRESS_STEP = 4 * MiB
-# The hash reads back less than this from a part still arriving only once that part is complete: fewer,
-# larger mappings (a whole part completes in about one step at the default 16 MiB parts).
-HASH_FOLLOW_MIN = 2 * MiB
+PROGRESS_STEP = 16 * MiB  # spliced bytes are reported to the event loop in steps this large (fewer wake-ups)
 
 _pwrite_all = pwrite_all  # the copying path's writes (a name of this module: tests fill the disk through it)
 
@@ -100,9 +95,6 @@ class Job:
         self.resumed = 0
         self.requests = 0
         self.frontier = 0  # parts [0, frontier) are all done
-        # Parts being fetched, each with how far it is written (from its start, in order): the one at the
-        # frontier extends the prefix the hash may read (_hashable_bytes). Written in worker threads (int stores).
-        self.in_flight: dict[int, _Span] = {}
         self.part_event = asyncio.Event()
         # The file's hashers, fed in file order by receive threads and the hash loop (see _hash_loop).
         self.ordered = OrderedHash([new_hasher(alg, self.size) for alg in self.algorithms], self._hash_advanced)
@@ -185,18 +177,6 @@ class Job:
 
     def _frontier_bytes(self) -> int:
         return min(self.size, self.frontier * self.state.part_size)
-
-    def _hashable_bytes(self) -> tuple[int, bool]:
-        """The end of the prefix that is in the file, and whether it is a part boundary (completed parts only).
-
-        The completed parts, and beyond them what the part at the frontier has written so far: a part is
-        written in order from its start, so the hash follows it while it arrives instead of waiting for
-        the whole part (otherwise the parts of one round complete together and receive and hash take turns).
-        """
-        done = self._frontier_bytes()
-        span = self.in_flight.get(self.frontier)
-        written = span.pos if span is not None else done  # (read once: a worker thread moves it)
-        return (written, False) if written > done else (done, True)
 
     # ------------------------------------------------------------------ run
 
@@ -336,13 +316,6 @@ class Job:
     async def _fetch_part(self, i: int, slot: Slot) -> None:
         start = i * self.state.part_size
         span = _Span(start, min(self.size, start + self.state.part_size))
-        self.in_flight[i] = span
-        try:
-            await self._fetch_span(span, slot)
-        finally:
-            del self.in_flight[i]
-
-    async def _fetch_span(self, span: _Span, slot: Slot) -> None:
         failures = 0
         while span.pos < span.end:
             await self.dl._wait_turn()
@@ -514,8 +487,6 @@ class Job:
         self.on_bytes(n)
         if self.sequential:
             self._passed(pos)
-        elif (pos - n) // self.state.part_size == self.frontier:
-            self.part_event.set()  # the part at the frontier moved: more for the hash to follow
 
     async def _single_stream(self) -> None:
         """The server ignores Range: fetch the whole body in one stream, recording parts as it passes them."""
@@ -556,7 +527,7 @@ class Job:
     # ------------------------------------------------------------------ hashing and verification
 
     async def _hash_loop(self) -> dict[str, str]:
-        """Read back for the hash what lies between the hash cursor and the written prefix, until all is hashed.
+        """Read back for the hash what lies between the hash cursor and the completed prefix, until all is hashed.
 
         Bytes the receive threads hashed from their buffers (the part at the cursor) are skipped: the cursor
         is past them. What is read back: parts that completed ahead of the cursor, spliced bodies (they never
@@ -567,10 +538,9 @@ class Job:
             while ordered.pos < self.size:
                 self.part_event.clear()  # (then look: a part or a cursor move after this sets it again)
                 start = ordered.pos
-                end, boundary = self._hashable_bytes()
-                length = min(HASH_STEP, end - start)
-                if length <= 0 or (not boundary and length < HASH_FOLLOW_MIN) or not ordered.claim(start, length):
-                    await self.part_event.wait()  # too little in the file past the cursor, or a receive thread at it
+                length = min(HASH_STEP, self._frontier_bytes() - start)
+                if length <= 0 or not ordered.claim(start, length):
+                    await self.part_event.wait()  # nothing complete past the cursor, or a receive thread at it
                     continue
                 # each update releases the GIL: several algorithms use both cores
                 # (hashing.hash_mapped looked up per call: the benchmark's transfer-alone mode replaces it)
