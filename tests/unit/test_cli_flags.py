@@ -79,6 +79,8 @@ EXPECTED_FLAGS: dict[str, tuple[str, bool, bool]] = {
     "--peer-upload-rate": ("float", False, False),
     "--peer-max-per-peer": ("int", False, False),
     "--peer-ban-seconds": ("float", False, False),
+    "--peer-downstreams-per-file": ("int", False, False),
+    "--peer-relay-part-size": ("int", False, False),
 }
 
 
@@ -206,6 +208,8 @@ def test_each_flag_sets_its_field(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     given("--peer-upload-rate", "peer_upload_rate", 33.5)
     given("--peer-max-per-peer", "peer_max_per_peer", 34)
     given("--peer-ban-seconds", "peer_ban_seconds", 35.5)
+    given("--peer-downstreams-per-file", "peer_downstreams_per_file", 2)
+    given("--peer-relay-part-size", "peer_relay_part_size", 65536)
     argv += ["--shared-root", "--peer-enabled"]
     expected |= {"shared_root": True, "peer_enabled": True}
     # every value flag is exercised (the bool switches are the two added above)

@@ -77,6 +77,8 @@ def test_the_peer_config_takes_every_peer_setting() -> None:
         "peer_upload_rate": 5.0,
         "peer_max_per_peer": 6,
         "peer_ban_seconds": 7.0,
+        "peer_downstreams_per_file": 2,
+        "peer_relay_part_size": 65536,
     }
     assert set(values) == {name for name in Settings.model_fields if name.startswith("peer_")}
     config = Settings(NODE_NAME="n", **values).peer_config()
@@ -91,6 +93,8 @@ def test_the_peer_config_takes_every_peer_setting() -> None:
         upload_rate=5.0,
         max_per_peer=6,
         ban_s=7.0,
+        downstreams_per_file=2,
+        relay_part_size=65536,
     )
 
 

@@ -64,8 +64,13 @@ class NodesApi:
         assert method == "GET" and path == "/api/v1/nodes"
         selector = kw["query"]["labelSelector"]
         self.queries.append(selector)
-        key, value = selector.split("=")
-        return {"items": [n for n in self.nodes if n["metadata"].get("labels", {}).get(key) == value]}
+        if " in (" in selector:  # <key> in (v1,v2)
+            key, values = selector.split(" in (")
+            wanted = set(values.rstrip(")").split(","))
+        else:
+            key, value = selector.split("=")
+            wanted = {value}
+        return {"items": [n for n in self.nodes if n["metadata"].get("labels", {}).get(key) in wanted]}
 
 
 def _node(name: str, labels: dict[str, str], address: str | None) -> dict[str, Any]:
@@ -92,13 +97,16 @@ async def test_holders_are_other_nodes_ready_for_a_model_of_the_source_with_an_a
             _node("b", {tenant_key: "Ready"}, "10.0.0.3:8090"),  # another tenant's model, same source
             _node("c", {cluster_key: "Updating"}, "10.0.0.4:8090"),
             _node("d", {cluster_key: "Ready"}, None),  # no peer service
+            _node("e", {cluster_key: "Failed"}, "10.0.0.6:8090"),
+            _node("f", {cluster_key: "Updating", tenant_key: "Ready"}, "10.0.0.7:8090"),  # Ready for one: Ready
         ]
     )
     directory = PeerDirectory(api, "me", lambda: models)  # type: ignore[arg-type]
-    assert await directory.holders(uri) == ["10.0.0.2:8090", "10.0.0.3:8090"]
-    asked = len(api.queries)
-    assert await directory.holders(uri) == ["10.0.0.2:8090", "10.0.0.3:8090"]
-    assert len(api.queries) == asked  # cached for the files of one fetch
+    assert await directory.holders(uri) == ["10.0.0.2:8090", "10.0.0.3:8090", "10.0.0.7:8090"]
+    assert len(api.queries) == 2  # one LIST per label key for both lists
+    assert await directory.relaying(uri) == ["10.0.0.4:8090"]  # fetching it: relays its durable parts
+    assert await directory.holders(uri) == ["10.0.0.2:8090", "10.0.0.3:8090", "10.0.0.7:8090"]
+    assert len(api.queries) == 2  # cached for the files of one fetch
     assert await directory.holders("hf://nobody/holds") == []
 
 

@@ -18,11 +18,13 @@ from model_agent.local.manifest import FileRecord, Manifest
 from model_agent.peers.auth import TokenReviewer
 from model_agent.peers.bans import Bans
 from model_agent.peers.fetch import PeerFetcher
-from model_agent.peers.seeding import Hold, peer_aware_slots
+from model_agent.peers.relay import Relays, order_candidates
+from model_agent.peers.seeding import ORIGIN_GATE, Hold, OriginGate, peer_aware_slots
 from model_agent.peers.server import BlobIndex, PeerServer
 from model_agent.sources import egress
 from model_agent.sources.egress import CLUSTER_KIND, NAMESPACED_KIND, Owner
 from model_agent.transfer import RangedConfig, part_map_path
+from model_agent.transfer.partmap import PartMap
 from tests.support.waiting import until
 from tests.unit.test_peers_server import AGENT, FakeApi
 
@@ -30,8 +32,11 @@ from tests.unit.test_peers_server import AGENT, FakeApi
 class FakeDirectory:
     """Holders from a list; ``stale`` answers the cached look with no holders (an answer older than a label)."""
 
-    def __init__(self, holders: list[str], *, ready_here: bool = True, stale: bool = False) -> None:
+    def __init__(
+        self, holders: list[str], *, ready_here: bool = True, stale: bool = False, fetching: list[str] | None = None
+    ) -> None:
         self.list = holders
+        self.fetching = fetching or []  # nodes labelled Updating for the source
         self.asked = 0
         self.here = ready_here
         self.stale = stale
@@ -39,6 +44,9 @@ class FakeDirectory:
     async def holders(self, _uri: str, *, fresh: bool = False) -> list[str]:
         self.asked += 1
         return [] if self.stale and not fresh else list(self.list)
+
+    async def relaying(self, _uri: str, *, fresh: bool = False) -> list[str]:
+        return [] if self.stale and not fresh else list(self.fetching)
 
     async def ready_here(self, _uri: str) -> bool:
         return self.here
@@ -270,3 +278,294 @@ async def test_a_trusted_fetch_of_the_same_source_skips_the_queue() -> None:
     async with hold("hf://o/m", lambda: None, owner=Owner(CLUSTER_KIND)) as name:
         assert name == ""
     assert slots.entered == 0
+
+
+# ---------------------------------------------------------------- relays: files still being fetched (peers.relay)
+
+PART = 64 * 1024
+ME = "zz-me:1"  # sorts after 127.0.0.1:*: the nearest before it in the ring is the highest of those
+
+
+@contextlib.asynccontextmanager
+async def relay_peer(tmp_path: Path, *, wait_s: float = 30.0) -> AsyncIterator[tuple[str, PeerServer, Relays, Path]]:
+    """A real peer server with no Ready file and a relay registry; files go in the staging dir it yields."""
+    root = tmp_path / f"models-{os.urandom(4).hex()}"
+    staging = root / ".model-agent" / "staging" / "m"
+    staging.mkdir(parents=True)
+    relays = Relays()
+    server = PeerServer(
+        BlobIndex(lambda: [], lambda: [root], index_s=0.0),
+        TokenReviewer(FakeApi(), "model-agent-peer", AGENT),  # type: ignore[arg-type]
+        host="127.0.0.1",
+        port=0,
+        relays=relays,
+        relay_poll_s=0.005,
+        relay_wait_s=wait_s,
+    )
+    await server.start()
+    try:
+        yield f"127.0.0.1:{server.port}", server, relays, staging
+    finally:
+        await server.stop()
+
+
+def _record(state_path: Path, size: int, parts: int, *, complete: bool = False) -> None:
+    state = PartMap.fresh(size, PART, None)
+    for i in range(parts):
+        state.mark(i)
+    state.complete = complete
+    state.save(state_path)
+
+
+def _relay_fetcher(directory: FakeDirectory) -> tuple[PeerFetcher, Relays]:
+    relays = Relays()
+    fetcher = PeerFetcher(
+        directory,  # type: ignore[arg-type]
+        Bans(60),
+        lambda: "good",
+        ranged=RangedConfig(part_size=PART, durable=False, backoff_base_s=0.01),
+        relays=relays,
+        me=lambda: ME,
+    )
+    return fetcher, relays
+
+
+async def _relayed_fetch(
+    fetcher: PeerFetcher,
+    relays: Relays,
+    staging: Path,
+    content: bytes,
+    on_bytes: Callable[[int], None],
+    *,
+    slot_free: bool | None = False,
+) -> Any:
+    """The fetch of a node that skipped the origin-slot queue (a gate whose slot is granted at once when
+    ``slot_free``, never when False; no gate with None), relaying the file in its own registry meanwhile."""
+    if slot_free is None:
+        return await _relayed(fetcher, relays, staging, content, on_bytes)
+    slots = GateSlots()
+    if slot_free:
+        slots.free.set()
+    token = ORIGIN_GATE.set(OriginGate(slots.hold, "hf://o/m", lambda: None, None))  # type: ignore[arg-type]
+    try:
+        return await _relayed(fetcher, relays, staging, content, on_bytes)
+    finally:
+        ORIGIN_GATE.reset(token)
+
+
+async def _relayed(
+    fetcher: PeerFetcher, relays: Relays, staging: Path, content: bytes, on_bytes: Callable[[int], None]
+) -> Any:
+    staging.mkdir(parents=True, exist_ok=True)
+    digest = hashlib.sha256(content).hexdigest()
+    with relays.scope() as scope:
+        relay = scope.start(digest, len(content), staging / "w.bin", part_map_path(staging, "w.bin"))
+        async with fetcher.session() as engine:
+            got = await fetcher.fetch(
+                engine,
+                "hf://o/m",
+                digest,
+                len(content),
+                staging / "w.bin",
+                state_path=part_map_path(staging, "w.bin"),
+                label="o/m/w.bin",
+                on_bytes=on_bytes,
+                relay=relay,
+            )
+        return got, relay
+
+
+async def test_a_file_is_taken_from_a_node_still_fetching_it_part_by_durable_part(tmp_path: Path) -> None:
+    content = os.urandom(6 * PART + 123)
+    digest = hashlib.sha256(content).hexdigest()
+    async with relay_peer(tmp_path) as (address, server, up_relays, up_staging):
+        path, state_path = up_staging / "w.bin", up_staging / "w.bin.json"
+        path.write_bytes(content)  # every byte on disk; only what the map records is served
+        recorded = [1]
+        _record(state_path, len(content), 1)
+        with up_relays.scope() as scope:
+            up_relays.fed_by(scope.start(digest, len(content), path, state_path), ("10.0.0.1:1",))
+            received = [0]
+
+            def on_bytes(n: int) -> None:  # the upstream records its next part once this node has all it had
+                received[0] += n
+                assert received[0] <= min(len(content), recorded[0] * PART)  # never more than was durable
+                if received[0] == recorded[0] * PART:
+                    recorded[0] += 1
+                    _record(state_path, len(content), recorded[0], complete=recorded[0] * PART >= len(content))
+
+            fetcher, relays = _relay_fetcher(FakeDirectory([], fetching=[address]))
+            async with asyncio.timeout(30):
+                got, relay = await _relayed_fetch(fetcher, relays, tmp_path / "staging", content, on_bytes)
+    assert got is not None and got.digests["sha256"] == digest
+    assert (tmp_path / "staging" / "w.bin").read_bytes() == content
+    assert relay.upstream == (address, "10.0.0.1:1")  # this node relayed it meanwhile, one hop further down
+    assert server.uploaded == len(content)
+
+
+async def test_a_stalled_holder_is_left_and_the_next_one_resumes_the_file(tmp_path: Path) -> None:
+    content = os.urandom(5 * PART)
+    digest = hashlib.sha256(content).hexdigest()
+    async with relay_peer(tmp_path, wait_s=0.2) as first, relay_peer(tmp_path, wait_s=0.2) as second:
+        order = order_candidates([], [first[0], second[0]], ME, 0)
+        stalled, full = (first, second) if order[0] == first[0] else (second, first)
+        with stalled[2].scope() as s1, full[2].scope() as s2:
+            for (_, _, relays, staging), parts in ((stalled, 1), (full, 5)):
+                (staging / "w.bin").write_bytes(content)
+                _record(staging / "w.bin.json", len(content), parts, complete=parts == 5)
+                scope = s1 if relays is stalled[2] else s2
+                relays.fed_by(scope.start(digest, len(content), staging / "w.bin", staging / "w.bin.json"), ())
+            fetcher, relays = _relay_fetcher(FakeDirectory([], fetching=[first[0], second[0]]))
+            progress: list[int] = []
+            async with asyncio.timeout(60):
+                got, relay = await _relayed_fetch(fetcher, relays, tmp_path / "staging", content, progress.append)
+    assert got is not None and got.digests["sha256"] == digest and sum(progress) == len(content)
+    assert got.resumed_bytes == PART  # what the stalled holder gave stayed
+    assert stalled[1].uploaded == PART and full[1].uploaded == len(content) - PART
+    assert relay.upstream == (full[0],)
+
+
+async def test_a_holder_whose_chain_contains_this_node_is_not_used(tmp_path: Path) -> None:
+    content = os.urandom(2 * PART)
+    digest = hashlib.sha256(content).hexdigest()
+    async with relay_peer(tmp_path) as (address, server, up_relays, up_staging):
+        (up_staging / "w.bin").write_bytes(content)
+        _record(up_staging / "w.bin.json", len(content), 2, complete=True)
+        with up_relays.scope() as scope:
+            entry = scope.start(digest, len(content), up_staging / "w.bin", up_staging / "w.bin.json")
+            up_relays.fed_by(entry, ("10.0.0.5:1", ME))  # it gets the file through this node: a cycle
+            fetcher, relays = _relay_fetcher(FakeDirectory([], fetching=[address]))
+            got, _ = await _relayed_fetch(
+                fetcher, relays, tmp_path / "staging", content, lambda _n: None, slot_free=True
+            )
+    assert got is None and server.uploaded == 0
+
+
+class GateSlots:
+    """An origin-slot hold for gates: ``asked`` once acquisition starts, granted when ``free`` is set."""
+
+    def __init__(self) -> None:
+        self.asked = asyncio.Event()
+        self.free = asyncio.Event()
+        self.entered = self.exited = 0
+
+    def hold(self, _source: str, _on_wait: Callable[[], None], **_kw: Any) -> Any:
+        slots = self
+
+        @contextlib.asynccontextmanager
+        async def cm() -> AsyncIterator[str]:
+            slots.asked.set()
+            await slots.free.wait()
+            slots.entered += 1
+            try:
+                yield "origin-0"
+            finally:
+                slots.exited += 1
+
+        return cm()
+
+
+async def test_a_fetch_that_skipped_the_queue_goes_to_the_origin_only_holding_the_slot(tmp_path: Path) -> None:
+    content = os.urandom(2 * PART)
+    slots = GateSlots()
+    gate = OriginGate(slots.hold, "hf://o/m", lambda: None, None)  # type: ignore[arg-type]
+    directory = FakeDirectory([], fetching=["127.0.0.1:9"])  # listed as fetching, serves nothing
+    fetcher, relays = _relay_fetcher(directory)
+    token = ORIGIN_GATE.set(gate)
+    try:
+        task = asyncio.create_task(_relayed(fetcher, relays, tmp_path / "staging", content, lambda _n: None))
+        async with asyncio.timeout(10):
+            await slots.asked.wait()  # no peer could give it: waiting for the slot, not at the origin
+        assert not task.done()
+        slots.free.set()
+        async with asyncio.timeout(10):
+            got, _ = await task
+    finally:
+        ORIGIN_GATE.reset(token)
+    assert got is None and gate.holding and slots.entered == 1  # now it may go to the origin
+
+
+async def test_a_peer_that_appears_while_waiting_for_the_slot_gives_the_file(tmp_path: Path) -> None:
+    content = os.urandom(2 * PART)
+    slots = GateSlots()
+    gate = OriginGate(slots.hold, "hf://o/m", lambda: None, None)  # type: ignore[arg-type]
+    directory = FakeDirectory([])
+    fetcher, relays = _relay_fetcher(directory)
+    async with peer(tmp_path, content) as address:
+        token = ORIGIN_GATE.set(gate)
+        try:
+            task = asyncio.create_task(_relayed(fetcher, relays, tmp_path / "staging", content, lambda _n: None))
+            async with asyncio.timeout(10):
+                await slots.asked.wait()
+            directory.list = [address]  # a node became Ready meanwhile
+            async with asyncio.timeout(10):
+                got, _ = await task
+        finally:
+            ORIGIN_GATE.reset(token)
+    assert got is not None and not gate.holding and slots.entered == 0  # the acquisition was abandoned
+
+
+async def test_skipping_the_queue_for_a_node_still_fetching_sets_a_gate_kept_like_a_seeders_slot() -> None:
+    slots = GateSlots()
+    slots.free.set()
+    directory = FakeDirectory([], fetching=["a:1"], ready_here=False)
+    hold = peer_aware(slots.hold, directory)
+    async with hold("hf://o/m", lambda: None) as name:
+        gate = ORIGIN_GATE.get()
+        assert name == "" and gate is not None and slots.entered == 0
+        assert await gate.wait(5)  # no peer could give a file: the slot, through the gate
+    assert ORIGIN_GATE.get() is None
+    assert slots.exited == 0  # kept: this node fetched from the origin, a seeder until seen Ready
+    directory.here = True
+    await until(lambda: slots.exited == 1, "the slot released once this node is seen Ready")
+
+
+async def test_a_gate_slot_is_released_at_once_when_the_fetch_fails() -> None:
+    slots = GateSlots()
+    slots.free.set()
+    hold = peer_aware(slots.hold, FakeDirectory([], fetching=["a:1"], ready_here=False))
+    with pytest.raises(RuntimeError):
+        async with hold("hf://o/m", lambda: None):
+            gate = ORIGIN_GATE.get()
+            assert gate is not None and await gate.wait(5)
+            raise RuntimeError("the fetch failed")
+    assert (slots.entered, slots.exited) == (1, 1)
+
+
+async def test_the_files_of_one_fetch_share_its_gate_and_a_peer_giving_one_does_not_lose_the_others_slot() -> None:
+    slots = GateSlots()
+    gate = OriginGate(slots.hold, "hf://o/m", lambda: None, None)  # type: ignore[arg-type]
+    assert not await gate.wait(0.01)
+    await gate.abandon()  # one file came from a peer; no other waits: the acquisition stops
+    waiting = [asyncio.create_task(gate.wait(10)) for _ in range(3)]  # three files need the origin: a new one
+    await until(lambda: gate._waiting == 3, "three files waiting")
+    await gate.abandon()  # a fourth file came from a peer: the others still wait
+    slots.free.set()
+    assert await asyncio.gather(*waiting) == [True, True, True] and slots.entered == 1
+    assert await gate.leave(RuntimeError("failed")) is None and slots.exited == 1
+
+
+async def test_a_busy_holder_keeps_the_fetch_off_the_origin_even_with_the_slot_free(tmp_path: Path) -> None:
+    content = os.urandom(2 * PART)
+    digest = hashlib.sha256(content).hexdigest()
+    async with relay_peer(tmp_path) as (address, server, up_relays, up_staging):
+        (up_staging / "w.bin").write_bytes(content)
+        _record(up_staging / "w.bin.json", len(content), 2, complete=True)
+        with up_relays.scope() as scope:
+            up_relays.fed_by(scope.start(digest, len(content), up_staging / "w.bin", up_staging / "w.bin.json"), ())
+            assert server.downstreams.admit(digest, "another:1")  # it serves another node
+            slots = GateSlots()
+            slots.free.set()  # the origin slot is free: only the busy holder keeps this fetch from the origin
+            gate = OriginGate(slots.hold, "hf://o/m", lambda: None, None)  # type: ignore[arg-type]
+            fetcher, relays = _relay_fetcher(FakeDirectory([address]))
+            token = ORIGIN_GATE.set(gate)
+            try:
+                task = asyncio.create_task(_relayed(fetcher, relays, tmp_path / "staging", content, lambda _n: None))
+                await until(lambda: server.downstreams.refused >= 2, "asked twice, busy twice")
+                assert not task.done() and slots.entered == 0
+                server.downstreams.release(digest, "another:1", now=-1e9)  # the other node is done
+                async with asyncio.timeout(20):
+                    got, _ = await task
+            finally:
+                ORIGIN_GATE.reset(token)
+    assert got is not None and slots.entered == 0

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import os
 import time
@@ -15,7 +16,9 @@ import pytest
 
 from model_agent.local.manifest import FileRecord, Manifest
 from model_agent.peers.auth import TokenReviewer
+from model_agent.peers.relay import FROM_HEADER, PATH_HEADER, Relays
 from model_agent.peers.server import BlobIndex, PeerServer, UploadPacer, parse_range
+from model_agent.transfer.partmap import PartMap
 
 AGENT = "system:serviceaccount:ns:model-agent"
 
@@ -155,3 +158,145 @@ def test_parse_range() -> None:
     assert parse_range("bytes=8-100", 10) == (8, 10)
     assert parse_range("bytes=10-", 10) == "unsatisfiable"
     assert parse_range("bytes=0-1,4-5", 10) is None
+
+
+# ---------------------------------------------------------------- files being fetched (peers.relay)
+
+PART = 64 * 1024
+
+
+@pytest.fixture
+async def relaying(tmp_path: Path) -> AsyncIterator[tuple[PeerServer, Relays, Path]]:
+    """A server with no Ready file and a relay registry; its models root is ``tmp_path / "models"``."""
+    relays = Relays()
+    server = PeerServer(
+        BlobIndex(lambda: [], lambda: [tmp_path / "models"], index_s=0.0),
+        TokenReviewer(FakeApi(), "model-agent-peer", AGENT),  # type: ignore[arg-type]
+        host="127.0.0.1",
+        port=0,
+        relays=relays,
+        relay_poll_s=0.005,
+        relay_wait_s=0.3,
+    )
+    await server.start()
+    try:
+        yield server, relays, tmp_path / "models" / ".model-agent" / "staging" / "m"
+    finally:
+        await server.stop()
+
+
+def _being_fetched(staging: Path, content: bytes, done: list[int]) -> tuple[str, Path, Path]:
+    """A staged file holding all of ``content`` on disk, whose part map records only the parts ``done``."""
+    staging.mkdir(parents=True, exist_ok=True)
+    path, state_path = staging / "w.bin", staging / "w.bin.parts.json"
+    path.write_bytes(content)
+    _record(state_path, len(content), done)
+    return hashlib.sha256(content).hexdigest(), path, state_path
+
+
+def _record(state_path: Path, size: int, done: list[int], *, complete: bool = False) -> None:
+    state = PartMap.fresh(size, PART, None)
+    for i in done:
+        state.mark(i)
+    state.complete = complete
+    state.save(state_path)
+
+
+async def _get_short(server: PeerServer, digest: str) -> tuple[int, bytes, Any]:
+    """A GET whose answer may end short (the connection closed): what arrived."""
+    got = b""
+    async with (
+        aiohttp.ClientSession() as s,
+        s.get(_url(server, digest), headers={"Authorization": "Bearer good"}) as r,
+    ):
+        with contextlib.suppress(aiohttp.ClientPayloadError):
+            while chunk := await r.content.readany():
+                got += chunk
+        return r.status, got, r.headers
+
+
+def _url(server: PeerServer, digest: str) -> str:
+    return f"http://127.0.0.1:{server.port}/blobs/sha256/{digest}"
+
+
+async def test_a_file_being_fetched_is_served_only_by_its_durable_parts(relaying: Any) -> None:
+    server, relays, staging = relaying
+    content = os.urandom(3 * PART + 100)
+    digest, path, state_path = _being_fetched(staging, content, [0])  # every byte written, one part recorded
+    with relays.scope() as scope:
+        relay = scope.start(digest, len(content), path, state_path)
+        assert (await _get(server, digest, "good"))[0] == 404  # no source yet: nobody waits on it
+        relays.fed_by(relay, ("10.0.0.9:1",))
+        status, body, headers = await _get_short(server, digest)
+    # the answer waited for part 1, saw no new durable byte within relay_wait_s, and ended short
+    assert status == 200 and body == content[:PART]
+    assert headers[PATH_HEADER] == "10.0.0.9:1"
+    assert server.uploaded == PART
+
+
+async def test_an_answer_streams_on_as_parts_become_durable(relaying: Any) -> None:
+    server, relays, staging = relaying
+    server.relay_wait_s = 30.0
+    content = os.urandom(3 * PART + 100)
+    digest, path, state_path = _being_fetched(staging, content, [0])
+    with relays.scope() as scope:
+        relays.fed_by(scope.start(digest, len(content), path, state_path), ())
+        async with (
+            aiohttp.ClientSession() as s,
+            s.get(_url(server, digest), headers={"Authorization": "Bearer good", "Range": "bytes=10-"}) as r,
+        ):
+            assert r.status == 206
+            got = await r.content.readexactly(PART - 10)
+            _record(state_path, len(content), [0, 1])  # the next part recorded while the answer waits
+            got += await r.content.readexactly(PART)
+            _record(state_path, len(content), [0, 1, 2, 3], complete=True)
+            got += await r.content.read()
+    assert got == content[10:]
+
+
+async def test_a_failed_file_is_not_served_one_more_byte(relaying: Any) -> None:
+    server, relays, staging = relaying
+    server.relay_wait_s = 30.0
+    content = os.urandom(3 * PART)
+    digest, path, state_path = _being_fetched(staging, content, [0])
+    with relays.scope() as scope:
+        relay = scope.start(digest, len(content), path, state_path)
+        relays.fed_by(relay, ())
+        async with (
+            aiohttp.ClientSession() as s,
+            s.get(_url(server, digest), headers={"Authorization": "Bearer good"}) as r,
+        ):
+            got = await r.content.readexactly(PART)
+            relays.failed(relay)  # e.g. its bytes did not verify: the engine deletes it
+            _record(state_path, len(content), [0, 1, 2], complete=True)
+            with contextlib.suppress(aiohttp.ClientPayloadError):
+                while chunk := await r.content.readany():
+                    got += chunk
+    assert got == content[:PART]
+    assert (await _get(server, digest, "good"))[0] == 404
+
+
+async def test_one_downstream_node_per_file(relaying: Any) -> None:
+    server, relays, staging = relaying
+    content = os.urandom(2 * PART)
+    digest, path, state_path = _being_fetched(staging, content, [0, 1])
+    with relays.scope() as scope:
+        relays.fed_by(scope.start(digest, len(content), path, state_path), ("10.0.0.9:1", "10.0.0.8:1"))
+        headers = {"Authorization": "Bearer good"}
+        async with aiohttp.ClientSession() as s:
+            async with s.head(_url(server, digest), headers={**headers, FROM_HEADER: "a:1"}) as r:
+                assert r.status == 200 and r.headers[PATH_HEADER] == "10.0.0.9:1,10.0.0.8:1"
+            async with s.head(_url(server, digest), headers={**headers, FROM_HEADER: "b:1"}) as r:
+                assert r.status == 429  # a:1 probed it: its place, kept for its requests to come
+            async with s.get(_url(server, digest), headers={**headers, FROM_HEADER: "a:1"}) as r:
+                assert r.status == 200 and await r.read() == content
+    assert server.downstreams.holders(digest) == ["a:1"] and server.downstreams.refused == 1
+
+
+async def test_a_file_being_fetched_outside_the_roots_is_not_served(tmp_path: Path, relaying: Any) -> None:
+    server, relays, _ = relaying
+    content = os.urandom(PART)
+    digest, path, state_path = _being_fetched(tmp_path / "elsewhere", content, [0])
+    with relays.scope() as scope:
+        relays.fed_by(scope.start(digest, len(content), path, state_path), ())
+        assert (await _get(server, digest, "good"))[0] == 404

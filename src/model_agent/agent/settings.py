@@ -241,6 +241,16 @@ class Settings(BaseSettings):
     peer_upload_rate: Annotated[float, Flag("Bytes/s this node serves to all peers together (0: no cap).")] = 0.0
     peer_max_per_peer: Annotated[int, Flag("Requests in flight per peer; more get 429.")] = 32
     peer_ban_seconds: Annotated[float, Flag("Seconds a peer whose bytes failed verification is not asked.")] = 600.0
+    peer_downstreams_per_file: Annotated[
+        int, Flag("Nodes one file is served to at once; more get 429, so fleets fetch in chains (0: no cap).")
+    ] = 1
+    peer_relay_part_size: Annotated[
+        int,
+        Flag(
+            "Part size, bytes, of hf:// LFS fetches with peers on: the unit peers relay a file in while it is fetched "
+            "(0: the engine's part size)."
+        ),
+    ] = 512 * 1024
 
     # drift and load
     resync_interval_s: Annotated[

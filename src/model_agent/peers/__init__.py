@@ -1,11 +1,13 @@
 """Node-to-node distribution: a node takes the files of a model from peers that already hold them.
 
 Role: each agent serves the files of its Ready models read-only on the node network
-(:mod:`.server`, content-addressed ``/blobs/sha256/<hex>`` with ``Range``); a fetching agent learns who
-holds a model from the cluster (:mod:`.directory`: Nodes labelled Ready for a model of the same source and
-annotated with a peer address), takes each file from one of them through the transfer engine
-(:mod:`.fetch`), and goes to the origin only for what no peer could give. While a node waits for an origin
-slot it keeps looking for a peer (:mod:`.seeding`), so the origin-slot holders are the seeders.
+(:mod:`.server`, content-addressed ``/blobs/sha256/<hex>`` with ``Range``), and the files it is fetching by
+their durable parts (:mod:`.relay`); a fetching agent learns who holds a model from the cluster
+(:mod:`.directory`: Nodes labelled Ready, or Updating, for a model of the same source and annotated with a peer
+address), takes each file from one of them through the transfer engine (:mod:`.fetch`; a holder takes at most
+``downstreams_per_file`` nodes per file at once, so the fleet fetches in chains rather than all from the seed),
+and goes to the origin only for what no peer could give, and then only holding an origin slot. While a node waits
+for an origin slot it keeps looking for a peer (:mod:`.seeding`), so the origin-slot holders are the seeders.
 
 Guarantees:
 
@@ -20,8 +22,10 @@ Guarantees:
    as valid for that audience and as the agent's own ServiceAccount (:mod:`.auth`). The peer token never
    goes to an origin, origin credentials never go to a peer.
 4. **Read-only and confined.** The server serves only files recorded in this node's manifests, whose size
-   and mtime still match the record, opened without following symlinks and inside the models roots; it
-   caps its upload rate (token bucket) and the requests in flight per peer (429 over the limit).
+   and mtime still match the record, and the parts of files this node is fetching that its part maps record as
+   durable (written and fdatasync-ed), of files whose sha256 the origin's listing gave, never one that failed or is
+   being deleted; each opened without following symlinks and inside the models roots; it caps its upload rate
+   (token bucket), the requests in flight per peer and the downstream nodes per file (429 over the limits).
 5. **Off unless asked.** ``PeerConfig.enabled`` is false by default (drop-in compatibility with OME's
    flags); the Helm chart turns it on.
 6. **Trusted owners only.** :func:`model_agent.sources.egress.takes_from_peers` is the one rule (a tenancy rule, so
@@ -60,6 +64,8 @@ class PeerConfig:
     upload_rate: float = 0.0  # bytes/s served to all peers together; 0: no cap
     max_per_peer: int = 32  # requests in flight per peer address; more get 429
     ban_s: float = 600.0
+    downstreams_per_file: int = 1  # nodes one file is served to at once (429 beyond): chains, not a star; 0: no cap
+    relay_part_size: int = 512 * 1024  # the unit a file being fetched is relayed in (its part size); 0: the engine's
 
     def advertised(self) -> str:
         """The address written on this node's Node object."""

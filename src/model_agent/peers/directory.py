@@ -8,8 +8,14 @@ annotation). Models of any tenant with the same source count: what a peer serves
 digest this fetch's own origin listing promised and verified against it, so sharing a source is sharing
 public content, never trusting another tenant.
 
-Contract: :meth:`PeerDirectory.holders` lists Nodes with a label selector (one ``LIST`` per label key),
-cached for ``cache_s`` per source so the files of one fetch cost one lookup (``fresh`` skips the cache); an
+:meth:`PeerDirectory.relaying` lists the Nodes labelled ``Updating`` for such a model: nodes fetching it, which
+serve the durable parts of their files (:mod:`.relay`); one that has not started a file answers 404 for it.
+
+Contract: :meth:`PeerDirectory.holders` and :meth:`PeerDirectory.relaying` come from one lookup: one ``LIST`` per
+label key with the selector ``<key> in (Ready,Updating)``, cached per source for ``cache_s`` times one per four
+label keys (a source many models share costs more requests per lookup, so it is looked up less often: the API
+budget of the agent is shared with everything else it does), so the files of one fetch cost one lookup
+(``fresh`` skips the cache); an
 API error gives no holders (the origin is used), it never fails the fetch. :meth:`PeerDirectory.ready_here`
 says whether this node's own Node is labelled Ready for a model of the source — what the other nodes'
 directories see — with one ``GET``; an API error answers no.
@@ -59,17 +65,29 @@ class PeerDirectory:
     models: Callable[[], Mapping[str, Iterable[dict[str, Any]]]]
     _: KW_ONLY
     cache_s: float = 2.0
-    _cache: dict[str, tuple[float, list[str]]] = field(default_factory=dict, init=False, repr=False)
+    _cache: dict[str, tuple[float, list[str], list[str]]] = field(default_factory=dict, init=False, repr=False)
 
     async def holders(self, uri: str, *, fresh: bool = False) -> list[str]:
         """Addresses of other nodes Ready for a model of ``uri`` (sorted; empty when none or unknown)."""
+        return (await self._lookup(uri, fresh))[0]
+
+    async def relaying(self, uri: str, *, fresh: bool = False) -> list[str]:
+        """Addresses of other nodes fetching a model of ``uri`` (labelled Updating, not Ready for another model
+        of it; sorted; empty when none or unknown)."""
+        return (await self._lookup(uri, fresh))[1]
+
+    async def _lookup(self, uri: str, fresh: bool) -> tuple[list[str], list[str]]:
         cached = self._cache.get(uri)
         if cached is not None and cached[0] > time.monotonic() and not fresh:
-            return cached[1]
-        found: set[str] = set()
-        for key in model_label_keys(uri, self.models()):
+            return cached[1], cached[2]
+        ready: set[str] = set()
+        updating: set[str] = set()
+        keys = model_label_keys(uri, self.models())
+        for key in keys:
             try:
-                listed = await self.client.request("GET", NODES.path(), query={"labelSelector": f"{key}=Ready"})
+                listed = await self.client.request(
+                    "GET", NODES.path(), query={"labelSelector": f"{key} in (Ready,Updating)"}
+                )
             except (ApiError, ApiUnavailable) as exc:
                 log.warning("peer directory lookup failed; using the origin", error=str(exc)[:200])
                 continue
@@ -77,10 +95,12 @@ class PeerDirectory:
                 meta = node.get("metadata") or {}
                 address = (meta.get("annotations") or {}).get(PEER_ADDRESS_ANNOTATION, "")
                 if meta.get("name") != self.node_name and address:
-                    found.add(address)
-        holders = sorted(found)
-        self._cache[uri] = (time.monotonic() + self.cache_s, holders)
-        return holders
+                    state = (meta.get("labels") or {}).get(key)
+                    (ready if state == "Ready" else updating).add(address)
+        holders, fetching = sorted(ready), sorted(updating - ready)
+        ttl = self.cache_s * max(1.0, len(keys) / 4)
+        self._cache[uri] = (time.monotonic() + ttl, holders, fetching)
+        return holders, fetching
 
     async def ready_here(self, uri: str) -> bool:
         """Whether this node's Node is labelled Ready for a model of ``uri`` (what peers' directories read)."""

@@ -1,37 +1,52 @@
 """The fetch side: one file from a peer through the transfer engine, verified against the origin's digest.
 
 :meth:`PeerFetcher.fetch` is the hook a source calls before it goes to the origin for a file whose sha256 the
-origin's listing gave. It asks the holders of the source (:mod:`.directory`) in turn, starting at a
-different one for every file (round robin) so the files of a model come from several peers at once; each
-attempt is one ``engine.download`` of ``http://<peer>/blobs/sha256/<digest>`` with the peer token as the only
-credential and ``Expected(size, {"sha256": digest})`` from the origin's listing.
+origin's listing gave. It asks the holders of the source (:mod:`.directory`): the nodes Ready for it, and the nodes
+still fetching it, which relay the durable parts of their files (:mod:`.relay`), in the order
+:func:`~model_agent.peers.relay.order_candidates` gives (Ready copies first, then the nearest fetching node before
+this one, so the fleet lines up in chains). Each candidate is first probed (``HEAD``: it answers only when it has the
+file and a free downstream place for it, and names the chain it gets it through; one whose chain contains this
+node is skipped: no cycles); the file is then one ``engine.download`` of ``http://<peer>/blobs/sha256/<digest>``
+with the peer token as the only credential and ``Expected(size, {"sha256": digest})`` from the origin's listing.
 
 Contract:
 
-* Returns the engine's :class:`~model_agent.transfer.Downloaded` when a peer's bytes verified, else None (no
-  holder, all banned or failing, no token, or the service off): the caller then fetches from the origin
-  as it always did, so peers can only ever save origin traffic.
-* ``VerificationFailed`` from a peer bans it (:mod:`.bans`); any other failure just moves on. After any
-  failed attempt the partial file and its part map are removed, so the next peer (or the origin) starts
-  clean and a later mismatch is never blamed on a peer that did not send those bytes.
+* Returns the engine's :class:`~model_agent.transfer.Downloaded` when a peer's bytes verified, else None: the
+  caller then fetches from the origin as it always did, so peers can only ever save origin traffic. A fetch that
+  skipped the origin-slot queue for peers (:data:`~model_agent.peers.seeding.ORIGIN_GATE` set) returns None only
+  once it holds the origin slot and a round of every kind of holder gave nothing: until then it waits for the slot
+  through the gate and asks the peers again every ``retry_s``; while some holder answers that it has the file but
+  serves another node (429), it does not even ask for the slot (for at most ``busy_s``): the fleet has the bytes.
+  Without a gate (the fetch holds its slot, or no slots at all) one round of the Ready holders decides.
+* ``VerificationFailed`` bans the peer when it alone sent the file's bytes (:mod:`.bans`); the engine has deleted
+  the file, so the next attempt starts clean and is again a single peer's. Any other failure (a peer stalled, went
+  away, refused) keeps the partial file and its part map: the next holder resumes the parts not yet recorded.
+  Before returning None the partial file and its map are removed, so the origin starts clean as before.
+* While a peer feeds the file, this node relays it (``relay``, registered by the source): the chain above it is
+  the holder's plus the holder.
 * Cancellation is never swallowed.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import dataclasses
 import itertools
 import random
+import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import aiohttp
 import structlog
 
 from model_agent.model.errors import SourceError
 from model_agent.peers.bans import Bans
 from model_agent.peers.directory import PeerDirectory
+from model_agent.peers.relay import FROM_HEADER, PATH_HEADER, Relay, Relays, chain_of, order_candidates
+from model_agent.peers.seeding import ORIGIN_GATE
 from model_agent.transfer import Downloaded, Expected, RangedConfig, engine_session
 
 if TYPE_CHECKING:
@@ -41,10 +56,20 @@ if TYPE_CHECKING:
 log = structlog.get_logger(__name__)
 
 
-def peer_ranged(base: RangedConfig) -> RangedConfig:
-    """The engine tuning for peers: a dead or slow peer is given up quickly, the next one is there."""
+PROBE_TIMEOUT_S = 3.0
+RETRY_S = 0.25  # between rounds of candidates while waiting for the origin slot
+PROBES_PER_ROUND = 5  # candidates probed per round: the nearest ones, plus a rotating few of the others
+NEAREST = 3
+BUSY = 429  # a holder's answer when it has the file and serves its downstreams already
+BUSY_S = 60.0  # holders busy for this long: the origin slot decides again (the fetch must not starve)
+
+
+def peer_ranged(base: RangedConfig, relay_part_size: int = 0) -> RangedConfig:
+    """The engine tuning for peers: a dead or slow peer is given up quickly, the next one is there; parts of
+    ``relay_part_size`` (when set), the unit this node relays in."""
     return dataclasses.replace(
         base,
+        part_size=relay_part_size or base.part_size,
         max_attempts=min(base.max_attempts, 3),
         backoff_cap_s=min(base.backoff_cap_s, 2.0),
         retry_after_cap_s=min(base.retry_after_cap_s, 5.0),
@@ -64,27 +89,73 @@ class PeerFetcher:
         *,
         ranged: RangedConfig | None = None,
         on_peer_bytes: Callable[[int], None] = lambda _n: None,
+        relays: Relays | None = None,
+        me: Callable[[], str] = lambda: "",
+        relay_part_size: int = 0,
+        retry_s: float = RETRY_S,
+        busy_s: float = BUSY_S,
     ) -> None:
         self.directory = directory
         self.bans = bans
         self.token = token
-        self.ranged = peer_ranged(ranged or RangedConfig())
+        self.ranged = peer_ranged(ranged or RangedConfig(), relay_part_size)
         self.on_peer_bytes = on_peer_bytes
+        self.relays = relays if relays is not None else Relays()
+        self.relay_part_size = relay_part_size
+        self.me = me
+        self.retry_s = retry_s
+        self.busy_s = busy_s
         self._turn = itertools.count(random.randrange(1 << 16))  # nodes start at different peers
+        self._probes: aiohttp.ClientSession | None = None
 
     @contextlib.asynccontextmanager
     async def session(self) -> AsyncIterator[RangedDownloader]:
         """An engine session tuned for peers, for the files of one fetch."""
         async with engine_session(self.ranged) as engine:
-            yield engine
+            try:
+                yield engine
+            finally:
+                if self._probes is not None:
+                    probes, self._probes = self._probes, None
+                    await probes.close()
 
-    async def candidates(self, uri: str) -> list[str]:
-        """Non-banned holders of ``uri``, rotated so that consecutive files start at different peers."""
-        holders = [a for a in await self.directory.holders(uri) if not self.bans.banned(a)]
-        if not holders:
-            return []
-        start = next(self._turn) % len(holders)
-        return holders[start:] + holders[:start]
+    def relay_ranged(self, base: RangedConfig) -> RangedConfig:
+        """``base`` in parts of at most the relay part size: what an origin fetch that other nodes relay uses."""
+        if not self.relay_part_size or base.part_size <= self.relay_part_size:
+            return base
+        return dataclasses.replace(base, part_size=self.relay_part_size)
+
+    async def candidates(
+        self, uri: str, turn: int | None = None, *, relaying: bool = False, round_: int = 0
+    ) -> list[str]:
+        """Non-banned holders of ``uri`` to probe this round (see :func:`~model_agent.peers.relay.order_candidates`):
+        Ready ones rotated by ``turn`` (the next file's turn when None); ``relaying``: nodes still fetching it too,
+        at most :data:`PROBES_PER_ROUND` of them (the nearest, plus others in turn by ``round_``)."""
+        if turn is None:
+            turn = next(self._turn)
+        ready = await self.directory.holders(uri)
+        fetching = await self.directory.relaying(uri) if relaying else []
+        order = [a for a in order_candidates(ready, fetching, self.me(), turn) if not self.bans.banned(a)]
+        if len(order) <= PROBES_PER_ROUND or not relaying:
+            return order
+        rest = order[NEAREST:]
+        at = (round_ * (PROBES_PER_ROUND - NEAREST)) % len(rest)
+        return order[:NEAREST] + (rest[at:] + rest[:at])[: PROBES_PER_ROUND - NEAREST]
+
+    async def probe(self, address: str, sha256: str, token: str) -> tuple[str, ...] | int:
+        """The chain ``address`` gets ``sha256`` through, when it can serve this node now; else the HTTP status
+        (429: it has the file and serves another node; 0: no answer)."""
+        if self._probes is None:
+            self._probes = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=PROBE_TIMEOUT_S))
+        headers = {"Authorization": f"Bearer {token}", FROM_HEADER: self.me()}
+        try:
+            async with self._probes.head(f"http://{address}/blobs/sha256/{sha256}", headers=headers) as resp:
+                if resp.status not in (200, 206):
+                    return resp.status
+                return chain_of(resp.headers.get(PATH_HEADER))
+        except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
+            log.debug("peer probe failed", peer=address, error=str(exc)[:200])
+            return 0
 
     async def fetch(
         self,
@@ -98,47 +169,127 @@ class PeerFetcher:
         label: str,
         on_bytes: Callable[[int], None] | None = None,
         reservation: Reservation | None = None,
+        relay: Relay | None = None,
     ) -> Downloaded | None:
         """``path`` from a peer, verified against ``sha256`` (the origin's); None when no peer could give it."""
         token = self.token()
         if not token:
             return None
-        for address in await self.candidates(uri):
-            url = f"http://{address}/blobs/sha256/{sha256}"
-            written = [0]
-
-            def counted(n: int, written: list[int] = written) -> None:
-                written[0] += n
-                if on_bytes is not None:
-                    on_bytes(n)
-
-            try:
-                got = await engine.download(
-                    url,
-                    path,
-                    Expected(size, {"sha256": sha256}),
-                    headers={"Authorization": f"Bearer {token}"},
-                    state_path=state_path,
-                    label=f"{label} (peer {address})",
-                    on_bytes=counted,
-                    reservation=reservation,
+        gate = ORIGIN_GATE.get()
+        turn = next(self._turn)
+        file = _File(sha256, size, path, state_path, label, on_bytes, reservation, relay)
+        started = time.monotonic()
+        busy_since: float | None = None
+        for round_ in itertools.count():
+            holding = gate is None or gate.holding  # the origin is open to this fetch
+            candidates = await self.candidates(uri, turn, relaying=gate is not None, round_=round_)
+            busy = False
+            for address in candidates:
+                got = await self._attempt(engine, address, file)
+                if isinstance(got, Downloaded):
+                    if gate is not None:
+                        await gate.abandon()
+                    self.on_peer_bytes(got.fetched_bytes)
+                    log.info("file taken from a peer", peer=address, file=label, bytes=got.fetched_bytes)
+                    return got
+                busy = busy or got == BUSY
+            if gate is None:
+                break  # (no gate: one round of the Ready holders, as a fetch holding its slot always did)
+            now = time.monotonic()
+            busy_since = (busy_since or now) if busy else None
+            if busy_since is not None and now - busy_since < self.busy_s:
+                # A holder has the file and serves another node: the chain grows, this node finds its end (a node
+                # fetching it with a free place) in a round or two. The origin is not asked meanwhile, even with
+                # the slot: it would fetch what the fleet already has.
+                await gate.abandon()
+                await asyncio.sleep(self.retry_s)
+                continue
+            if holding:
+                break
+            if round_ == 0:
+                log.info(
+                    "no peer gives the file yet; asking for the origin slot meanwhile",
+                    file=label,
+                    asked=len(candidates),
+                    after_s=round(time.monotonic() - started, 2),
                 )
-            except SourceError as exc:
-                if exc.reason == "VerificationFailed":
-                    log.warning("peer served bytes that failed verification; banned", peer=address, file=label)
+            if await gate.wait(self.retry_s):  # the origin slot, or another round of peers in retry_s
+                log.info("origin slot taken: peers could not give the file", file=label, rounds=round_ + 1)
+        file.discard()
+        return None
+
+    async def _attempt(self, engine: RangedDownloader, address: str, file: _File) -> Downloaded | int | None:
+        """One holder: probe, then download (resuming what earlier holders gave); :data:`BUSY` when it has the
+        file but serves another node, None when it did not work."""
+        me = self.me()
+        token = self.token()
+        if not token:
+            return None
+        chain = await self.probe(address, file.sha256, token)
+        if isinstance(chain, int):
+            return BUSY if chain == BUSY else None
+        if me and me in chain:
+            return None
+        if file.relay is not None:
+            self.relays.fed_by(file.relay, (address, *chain))
+        before = file.written
+        try:
+            return await engine.download(
+                f"http://{address}/blobs/sha256/{file.sha256}",
+                file.path,
+                Expected(file.size, {"sha256": file.sha256}),
+                headers={"Authorization": f"Bearer {token}", FROM_HEADER: me},
+                state_path=file.state_path,
+                label=f"{file.label} (peer {address})",
+                on_bytes=file.counted,
+                reservation=file.reservation,
+            )
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # any peer failure: the next peer, finally the origin
+            if file.relay is not None:
+                self.relays.fed_by(file.relay, None)
+            if file.written > before:
+                file.senders.add(address)
+            if isinstance(exc, SourceError) and exc.reason == "VerificationFailed":
+                if file.senders <= {address}:
+                    log.warning("peer served bytes that failed verification; banned", peer=address, file=file.label)
                     self.bans.ban(address)
                 else:
-                    log.info("peer could not serve the file", peer=address, file=label, reason=exc.reason)
-                _discard(path, state_path, written[0], on_bytes)
-                continue
-            except Exception as exc:  # any peer failure: the next peer, finally the origin
-                log.info("peer fetch failed", peer=address, file=label, error=str(exc)[:200])
-                _discard(path, state_path, written[0], on_bytes)
-                continue
-            self.on_peer_bytes(got.fetched_bytes)
-            log.info("file taken from a peer", peer=address, file=label, bytes=got.fetched_bytes)
-            return got
-        return None
+                    log.warning("bytes of several peers failed verification; fetching again", file=file.label)
+                file.discard()  # (the engine deleted the file and its map: the next attempt is one peer's again)
+            else:
+                why = exc.reason if isinstance(exc, SourceError) else str(exc)[:200]
+                log.info("peer could not serve the file; the next resumes it", peer=address, file=file.label, why=why)
+            return None
+
+
+@dataclasses.dataclass
+class _File:
+    """One file being asked from peers, across attempts: the bytes written so far and who sent them."""
+
+    sha256: str
+    size: int
+    path: Path
+    state_path: Path
+    label: str
+    on_bytes: Callable[[int], None] | None
+    reservation: Reservation | None
+    relay: Relay | None
+    written: int = 0
+    senders: set[str] = dataclasses.field(default_factory=set)  # peers whose bytes are in the partial file
+
+    def counted(self, n: int) -> None:
+        """Progress of an attempt."""
+        self.written += n
+        if self.on_bytes is not None:
+            self.on_bytes(n)
+
+    def discard(self) -> None:
+        """Remove the partial file and its part map; take back the progress reported for it."""
+        _discard(self.path, self.state_path, self.written, self.on_bytes)
+        self.written = 0
+        self.senders.clear()
 
 
 def _discard(path: Path, state_path: Path, written: int, on_bytes: Callable[[int], None] | None) -> None:

@@ -17,6 +17,14 @@ directory once more, uncached, and gives the slot back at once when a holder is 
 waiting node could take the freed slot in the moment between publish and the Ready label and fetch the model
 from the origin a second time; without the second, it could act on a directory answer older than the label.
 
+Nodes still fetching the source count as well (:meth:`~model_agent.peers.directory.PeerDirectory.relaying`: Nodes
+labelled ``Updating`` for it, which serve the durable parts of what they fetch, :mod:`.relay`): a fetch that sees
+one skips the queue too, so the fleet fetches in chains from the seed instead of one node after the other. Such a
+fetch never goes to the origin without a slot: it runs with an :class:`OriginGate` (in :data:`ORIGIN_GATE`, which
+:mod:`.fetch` reads), and when no peer can give a file it waits for the origin slot through the gate, still asking
+peers meanwhile; a slot won that way is kept like a seeder's (until this node is seen Ready) and released at once
+when the fetch fails.
+
 Contract: the wrapped hold is entered at most once and always left when entered (its release runs; after a
 successful fetch from a background task this module tracks, which the agent's shutdown cancels, releasing the
 slot); an acquisition abandoned because a peer appeared is cancelled and, if it won the slot in that instant,
@@ -28,6 +36,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager
@@ -52,6 +61,66 @@ class Hold(Protocol):
     ) -> AbstractAsyncContextManager[Any]: ...
 
 
+class OriginGate:
+    """The origin slot of a fetch that skipped the queue for peers, taken only if peers cannot give a file.
+
+    :meth:`wait` starts acquiring the slot (once; the files of the fetch share it) and waits for it at most
+    ``timeout`` seconds; :meth:`abandon` stops an acquisition not yet won when no file waits for it (a peer gave
+    the file after all); :attr:`holding` says whether the slot is this fetch's, so it may go to the origin.
+    """
+
+    def __init__(self, hold: Hold, source: str, on_wait: Callable[[], None], owner: Owner | None) -> None:
+        self._hold = hold
+        self._source, self._on_wait, self._owner = source, on_wait, owner
+        self._slot: AbstractAsyncContextManager[Any] | None = None
+        self._entering: asyncio.Future[Any] | None = None
+        self._waiting = 0
+        self.holding = False
+
+    async def wait(self, timeout: float) -> bool:
+        """Acquire the slot, waiting at most ``timeout`` s; whether it is held now."""
+        if self.holding:
+            return True
+        if self._entering is None:
+            self._slot = self._hold(self._source, self._on_wait, owner=self._owner)  # (a hold is entered once)
+            self._entering = asyncio.ensure_future(self._slot.__aenter__())
+        entering = self._entering
+        self._waiting += 1
+        try:
+            done, _ = await asyncio.wait([entering], timeout=timeout)
+        finally:
+            self._waiting -= 1
+        if self.holding or entering is not self._entering:
+            return self.holding  # (another file saw it won, or it was abandoned meanwhile)
+        if done:
+            self._entering = None
+            entering.result()  # an error of the hold is the fetch's
+            self.holding = True
+        return self.holding
+
+    async def abandon(self, *, force: bool = False) -> None:
+        """Stop an acquisition that has not been won and no file waits for (any, with ``force``); a slot won in
+        that instant is released at once."""
+        if self._entering is not None and not self.holding and (force or not self._waiting):
+            entering, self._entering = self._entering, None
+            assert self._slot is not None
+            await _abandon(entering, self._slot)
+
+    async def leave(self, exc: BaseException | None) -> AbstractAsyncContextManager[Any] | None:
+        """The fetch ended: stop acquiring; the slot, if held, is released (failure) or handed back to keep."""
+        await self.abandon(force=True)
+        if not self.holding or self._slot is None:
+            return None
+        self.holding = False
+        if exc is not None:
+            await self._slot.__aexit__(type(exc), exc, exc.__traceback__)
+            return None
+        return self._slot
+
+
+# The gate of the fetch running in this context (set by peer_aware_slots while it skips the queue for peers).
+ORIGIN_GATE: contextvars.ContextVar[OriginGate | None] = contextvars.ContextVar("origin_gate", default=None)
+
 LINGER_S = 60.0  # at most this long after the fetch is recorded (the Ready label normally follows within a second)
 SEEN_POLL_S = 0.5
 
@@ -60,7 +129,7 @@ def peer_aware_slots(
     hold: Hold,
     directory: PeerDirectory,
     *,
-    poll_s: float = 2.0,
+    poll_s: float = 0.5,
     linger_s: float = LINGER_S,
     seen_poll_s: float = SEEN_POLL_S,
     takes_from_peers: Callable[[str, Owner | None], bool],
@@ -74,6 +143,10 @@ def peer_aware_slots(
     """
     kept = keepers if keepers is not None else set()
 
+    async def peers_there(source: str, *, fresh: bool = False) -> bool:
+        """Whether a node holds the source Ready or is fetching it (and so relays it)."""
+        return bool(await directory.holders(source, fresh=fresh) or await directory.relaying(source, fresh=fresh))
+
     async def slot_or_peer(slot: AbstractAsyncContextManager[Any], source: str) -> tuple[bool, Any]:
         """Enter ``slot`` unless a peer appears first: ``(True, its value)`` when holding it, else ``(False, None)``."""
         entering = asyncio.ensure_future(slot.__aenter__())
@@ -83,7 +156,7 @@ def peer_aware_slots(
                 if done:
                     name = entering.result()
                     break
-                if await directory.holders(source):
+                if await peers_there(source):
                     await _abandon(entering, slot)
                     return False, None
         except BaseException:
@@ -91,7 +164,7 @@ def peer_aware_slots(
             raise
         # Won a slot: a holder may have become visible since the last (cached) look; then the slot goes back.
         try:
-            holders = await directory.holders(source, fresh=True)
+            holders = await peers_there(source, fresh=True)
         except BaseException:
             await slot.__aexit__(None, None, None)
             raise
@@ -108,6 +181,25 @@ def peer_aware_slots(
         task.add_done_callback(kept.discard)
 
     @contextlib.asynccontextmanager
+    async def through_peers(source: str, on_wait: Callable[[], None], owner: Owner | None) -> AsyncIterator[Any]:
+        """The fetch goes to peers, with a gate to the origin slot for what they cannot give."""
+        gate = OriginGate(hold, source, lambda: None, owner)  # (not "queued": the fetch goes on meanwhile)
+        log.info("origin-slot queue skipped: peers hold or are fetching the source", source=source)
+        token = ORIGIN_GATE.set(gate)
+        try:
+            yield ""
+        except BaseException as exc:
+            await gate.leave(exc)
+            raise
+        else:
+            slot = await gate.leave(None)
+            if slot is not None:
+                keep_until_seen(slot, source)  # it fetched from the origin: a seeder, kept until seen Ready
+        finally:
+            with contextlib.suppress(ValueError):  # (left in another context: nothing to restore there)
+                ORIGIN_GATE.reset(token)
+
+    @contextlib.asynccontextmanager
     async def peer_or_slot(
         source: str, on_wait: Callable[[], None], *, owner: Owner | None = None
     ) -> AsyncIterator[Any]:
@@ -115,13 +207,15 @@ def peer_aware_slots(
             async with hold(source, on_wait, owner=owner) as name:
                 yield name
             return
-        if await directory.holders(source):
-            yield ""
+        if await peers_there(source):
+            async with through_peers(source, on_wait, owner) as name:
+                yield name
             return
         slot = hold(source, on_wait, owner=owner)
         holding, name = await slot_or_peer(slot, source)
         if not holding:
-            yield ""
+            async with through_peers(source, on_wait, owner) as name:
+                yield name
             return
         try:
             yield name

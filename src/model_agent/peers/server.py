@@ -1,4 +1,5 @@
-"""The peer server: this node's Ready model files, read-only, by sha256, to authenticated peers.
+"""The peer server: this node's Ready model files, and the durable parts of those it is fetching, read-only, by
+sha256, to authenticated peers.
 
 ``GET`` and ``HEAD /blobs/sha256/<64 hex>``, with a single ``Range`` (``bytes=a-b``, ``a-``, ``-n``:
 206 with ``Content-Range``; 416 outside the file). Nothing else is routed.
@@ -9,13 +10,24 @@ Contract:
   removal was decided is left out), looked up by the sha256 the manifest records, and only while the file's
   size and mtime still match the record (a file changed on disk is 404). The index is rebuilt from the
   manifests at most every ``index_s``; a digest not found forces one rebuild (at most once a second).
+* **Files being fetched** (:mod:`.relay`, when given ``relays``): a digest no manifest records is looked up in
+  the relays; only an entry with a source (the origin, or a peer chain) is served, and only the bytes its part map
+  on disk records as durable. An answer that reaches bytes not durable yet waits for them (the map is looked at
+  every ``relay_poll_s``), so a downstream one part behind streams on without a new request; after
+  ``relay_wait_s`` without a new durable byte, or as soon as the entry failed (its file is being deleted), the
+  connection is closed short and the client resumes from what it got. Answers carry ``X-Peer-Path``: the chain
+  of holders above this one for that file ("" for a Ready copy or the origin), which a prober uses to avoid
+  cycles.
 * **Confined.** The file is opened with ``O_NOFOLLOW`` after its real path is checked to be inside one of
   the models roots; the checked descriptor is the one read, so a symlink swapped in meanwhile is refused.
 * **Who.** Every request is authenticated first (:mod:`.auth`): no token 401, refused token 403, review
   unavailable 503.
 * **How much.** At most ``max_per_peer`` requests in flight per peer address (429 with ``Retry-After``
-  beyond, before any file is opened); the bytes of all answers together are paced by a token bucket at
-  ``upload_rate`` bytes/s (0: no cap). Every byte sent counts in ``on_upload``.
+  beyond, before any file is opened); at most ``downstreams_per_file`` downstream nodes per file (named by their
+  ``X-Peer-From`` address, else their IP; a node's place is kept a few seconds after its last request, so its
+  next part request finds it; 429 beyond, so the next node takes the file from a node further down the chain);
+  the bytes of all answers together are paced by a token bucket at ``upload_rate`` bytes/s (0: no cap). Every
+  byte sent counts in ``on_upload``.
 """
 
 from __future__ import annotations
@@ -34,10 +46,13 @@ from aiohttp import web
 from model_agent.local.manifest import Manifest
 from model_agent.ops.http import serve
 from model_agent.peers.auth import TokenReviewer
+from model_agent.peers.relay import FROM_HEADER, PATH_HEADER, Downstreams, DurableView, Relay, Relays, open_confined
 
 log = structlog.get_logger(__name__)
 
 CHUNK = 1024 * 1024
+RELAY_POLL_S = 0.05  # how often an answer waiting for durable bytes looks at the part map
+RELAY_WAIT_S = 5.0  # without a new durable byte for this long, the answer ends short (the client resumes)
 _DIGEST = re.compile(r"^[0-9a-f]{64}$")
 _RANGE = re.compile(r"^bytes=(\d*)-(\d*)$")
 
@@ -87,6 +102,10 @@ class BlobIndex:
                 self._blobs = await asyncio.to_thread(self._build)
                 self._at = time.monotonic()
             return self._blobs.get(digest)
+
+    def roots(self) -> list[Path]:
+        """The models roots now (what every served file must be inside)."""
+        return self._roots()
 
     def open(self, blob: Blob) -> int | None:
         """A descriptor of ``blob`` when it is inside a models root and unchanged; None otherwise."""
@@ -165,7 +184,12 @@ class PeerServer:
     upload_rate: InitVar[float] = 0.0
     max_per_peer: int = 32
     on_upload: Callable[[int], None] = lambda _n: None
+    relays: Relays | None = None
+    downstreams_per_file: int = 1
+    relay_poll_s: float = RELAY_POLL_S
+    relay_wait_s: float = RELAY_WAIT_S
     pacer: UploadPacer = field(init=False)
+    downstreams: Downstreams = field(init=False)
     _inflight: dict[str, int] = field(default_factory=dict, init=False, repr=False)
     _runner: web.AppRunner | None = field(default=None, init=False, repr=False)
     uploaded: int = field(default=0, init=False)
@@ -173,6 +197,7 @@ class PeerServer:
     def __post_init__(self, upload_rate: float) -> None:
         """The pacer of all answers together, at ``upload_rate`` bytes/s."""
         self.pacer = UploadPacer(upload_rate)
+        self.downstreams = Downstreams(self.downstreams_per_file)
 
     def app(self) -> web.Application:
         """The routes: the blob endpoint only."""
@@ -214,36 +239,78 @@ class PeerServer:
         if not _DIGEST.match(digest):
             return web.Response(status=404, text="not a sha256\n")
         blob = await self.index.find(digest)
-        fd = await asyncio.to_thread(self.index.open, blob) if blob is not None else None
-        if blob is None or fd is None:
+        relay = self.relays.find(digest) if blob is None and self.relays is not None else None
+        chain: tuple[str, ...] = ()
+        if blob is not None:
+            fd = await asyncio.to_thread(self.index.open, blob)
+            size = blob.size
+        elif relay is not None and relay.upstream is not None:
+            fd = (
+                os.dup(relay.fd)  # a verified file whose fetch ended: the descriptor opened in the staging
+                if relay.fd is not None
+                else await asyncio.to_thread(open_confined, relay.path, relay.size, self.index.roots())
+            )
+            size, chain = relay.size, relay.upstream
+        else:
+            fd = None
+        if fd is None:
             return web.Response(status=404, text="not held here\n")
+        who = req.headers.get(FROM_HEADER) or req.remote or "?"
         try:
-            wanted = parse_range(req.headers.get("Range"), blob.size)
-            if wanted == "unsatisfiable":
-                return web.Response(status=416, headers={"Content-Range": f"bytes */{blob.size}"})
-            start, end = wanted if isinstance(wanted, tuple) else (0, blob.size)
-            resp = web.StreamResponse(status=206 if isinstance(wanted, tuple) else 200)
-            resp.content_length = end - start
-            resp.content_type = "application/octet-stream"
-            resp.headers["Accept-Ranges"] = "bytes"
-            resp.headers["ETag"] = f'"{digest}"'
-            if isinstance(wanted, tuple):
-                resp.headers["Content-Range"] = f"bytes {start}-{end - 1}/{blob.size}"
-            await resp.prepare(req)
-            if req.method == "HEAD":
-                return resp
-            offset = start
-            while offset < end:
-                n = min(CHUNK, end - offset)
-                await self.pacer.take(n)
-                data = await asyncio.to_thread(os.pread, fd, n, offset)
-                if not data:
-                    break  # truncated under us: the peer's size check and verification catch it
-                await resp.write(data)
-                offset += len(data)
-                self.uploaded += len(data)
-                self.on_upload(len(data))
-            await resp.write_eof()
-            return resp
+            if not self.downstreams.admit(digest, who):
+                return web.Response(status=429, headers={"Retry-After": "1"}, text="this file has its downstreams\n")
+            try:
+                return await self._send(req, digest, fd, size, chain, relay)
+            finally:
+                self.downstreams.release(digest, who)
         finally:
             os.close(fd)
+
+    async def _send(
+        self, req: web.Request, digest: str, fd: int, size: int, chain: tuple[str, ...], relay: Relay | None
+    ) -> web.StreamResponse:
+        wanted = parse_range(req.headers.get("Range"), size)
+        if wanted == "unsatisfiable":
+            return web.Response(status=416, headers={"Content-Range": f"bytes */{size}"})
+        start, end = wanted if isinstance(wanted, tuple) else (0, size)
+        resp = web.StreamResponse(status=206 if isinstance(wanted, tuple) else 200)
+        resp.content_length = end - start
+        resp.content_type = "application/octet-stream"
+        resp.headers["Accept-Ranges"] = "bytes"
+        resp.headers["ETag"] = f'"{digest}"'
+        resp.headers[PATH_HEADER] = ",".join(chain)
+        if isinstance(wanted, tuple):
+            resp.headers["Content-Range"] = f"bytes {start}-{end - 1}/{size}"
+        await resp.prepare(req)
+        if req.method == "HEAD":
+            return resp
+        view = DurableView(relay) if relay is not None else None
+        offset = start
+        waited_since = time.monotonic()
+        while offset < end:
+            n = min(CHUNK, end - offset)
+            if view is not None and relay is not None:
+                if self.relays is None or not self.relays.live(relay):
+                    break  # the file failed or is being deleted: not one more byte of it
+                durable = view.durable_end(offset)
+                if durable <= offset:
+                    if time.monotonic() - waited_since > self.relay_wait_s:
+                        break
+                    await asyncio.sleep(self.relay_poll_s)
+                    continue
+                n = min(n, durable - offset)
+            await self.pacer.take(n)
+            data = await asyncio.to_thread(os.pread, fd, n, offset)
+            if not data:
+                break  # truncated under us: the peer's size check and verification catch it
+            await resp.write(data)
+            offset += len(data)
+            waited_since = time.monotonic()
+            self.uploaded += len(data)
+            self.on_upload(len(data))
+        if offset < end:  # ended short: close the connection, so the client sees it at once and resumes
+            if req.transport is not None:
+                req.transport.close()
+            return resp
+        await resp.write_eof()
+        return resp

@@ -23,6 +23,7 @@ from model_agent.peers.auth import TokenFile, TokenReviewer, service_account_use
 from model_agent.peers.bans import Bans
 from model_agent.peers.directory import PeerDirectory
 from model_agent.peers.fetch import PeerFetcher
+from model_agent.peers.relay import Relays
 from model_agent.peers.seeding import Hold, Owner, peer_aware_slots
 from model_agent.peers.server import BlobIndex, PeerServer
 from model_agent.transfer import RangedConfig
@@ -55,12 +56,17 @@ class PeerService:
         self.directory = PeerDirectory(client, node_name, models)
         self.bans = Bans(config.ban_s, on_ban=lambda _a: metrics.peers_banned.inc())
         self.token_file = TokenFile(config.token_file) if config.token_file else None
+        self.advertised = ""
+        self.relays = Relays(roots)  # files being fetched here, served by their durable parts
         self.fetcher = PeerFetcher(
             self.directory,
             self.bans,
             self.token_file.token if self.token_file is not None else lambda: "",
             ranged=ranged,
             on_peer_bytes=lambda n: metrics.bytes_by_source.labels("peer").inc(n),
+            relays=self.relays,
+            me=lambda: self.advertised,
+            relay_part_size=config.relay_part_size,
         )
         self.server = PeerServer(
             BlobIndex(manifests, roots),
@@ -70,9 +76,10 @@ class PeerService:
             upload_rate=config.upload_rate,
             max_per_peer=config.max_per_peer,
             on_upload=metrics.peer_upload_bytes.inc,
+            relays=self.relays,
+            downstreams_per_file=config.downstreams_per_file,
         )
         metrics.peer_upload_rate_limit.set(config.upload_rate)
-        self.advertised = ""
         # Origin slots kept after a fetch until peers can see this node Ready (.seeding); cancelled (released)
         # when the service stops.
         self.slot_keepers: set[asyncio.Task[None]] = set()
@@ -106,6 +113,7 @@ class PeerService:
             if self.slot_keepers:
                 await asyncio.wait(list(self.slot_keepers))
             await self.server.stop()
+            self.relays.close()
 
     def status(self) -> dict[str, Any]:
         """What ``/status`` shows of the peers."""
@@ -119,6 +127,8 @@ class PeerService:
             "bansTotal": self.bans.total,
             "tokenReviews": self.reviewer.reviews,
             "originSlotsKept": len(self.slot_keepers),
+            "relaying": len(self.relays),
+            "downstreamsRefused": self.server.downstreams.refused,
         }
 
 

@@ -23,9 +23,11 @@ Two data paths, by file:
   ``hf_hub_download`` until 2026-12-02: its per-file cost (a lock file, ``.incomplete`` bookkeeping, a
   second read to verify) made twenty small files take 0.33 s of fetch on the reference box.
 
-With peers on (:mod:`model_agent.peers`), an LFS file is first asked from nodes that hold the model Ready, through
-a second engine session, against the sha256 the hub listed (never one a peer gives); the origin path above
-is taken for what no peer gives, and for small files (the hub lists no sha256 for them). The hub token never
+With peers on (:mod:`model_agent.peers`), an LFS file is first asked from nodes that hold the model Ready or are
+fetching it (they relay its durable parts), through a second engine session, against the sha256 the hub listed
+(never one a peer gives); the origin path above is taken for what no peer gives, and for small files (the hub lists
+no sha256 for them). Meanwhile this node relays each LFS file it fetches (:mod:`model_agent.peers.relay`), whether
+from peers or the origin, in parts of the peers' relay part size. The hub token never
 goes to a peer, the peer token never to the hub.
 
 ``HF_ENDPOINT`` (or an explicit endpoint) selects the hub or a mirror: the admin's, never a tenant's. Tokens are
@@ -270,63 +272,81 @@ class HuggingFaceSource:
         # --trusted-namespace BaseModel: who may use the platform's HF_TOKEN) may take bytes from them, or a tenant
         # who knows a digest would get weights its own credentials cannot read.
         from_peers = takes_from_peers(request.storage_uri, request.owner)
-        async with engine_session(self.ranged) as engine, self._peer_session() as peer_engine:
+        peers = self.peers if from_peers else None
+        # With peers, a file this node fetches is served to them by its durable parts while it is fetched (its LFS
+        # sha256 came from the hub's listing): registered in a relay scope, with the relay part size as the unit.
+        ranged = peers.relay_ranged(self.ranged) if peers is not None else self.ranged
+        with contextlib.ExitStack() as stack:
+            scope = stack.enter_context(peers.relays.scope()) if peers is not None else None
+            async with engine_session(ranged) as engine, self._peer_session() as peer_engine:
 
-            def on_bytes(n: int) -> None:
-                progress.completed_bytes += n
-                request.on_progress(progress)
+                def on_bytes(n: int) -> None:
+                    progress.completed_bytes += n
+                    request.on_progress(progress)
 
-            async def one(remote: RemoteFile) -> FileRecord:
-                url = hf_hub_url(repo, remote.path, revision=commit, endpoint=endpoint)
-                # the strongest hash the hub lists: an LFS file's sha256, else a git blob's sha1
-                if remote.sha256:
-                    checks = {"sha256": remote.sha256}
-                elif remote.git_sha1:
-                    checks = {"git-sha1": remote.git_sha1}
-                else:
-                    checks = {}
-                label = f"{repo}@{commit[:12]}/{remote.path}"
-                async with gate:
-                    try:
-                        got = None
-                        if peer_engine is not None and self.peers is not None and remote.sha256 and from_peers:
-                            got = await self.peers.fetch(
-                                peer_engine,
-                                request.storage_uri,
-                                remote.sha256,
-                                remote.size,
-                                request.staging / remote.path,
-                                state_path=part_map_path(request.staging, remote.path),
-                                label=label,
-                                on_bytes=on_bytes,
-                                reservation=reservation,
-                            )
-                            if got is not None:
-                                progress.peer_bytes += got.fetched_bytes
-                        if got is None:
-                            got = await self._from_origin(
-                                engine,
-                                _Location(self, url, token),
-                                request.staging / remote.path,
-                                Expected(remote.size, checks),
-                                headers=headers_for,
-                                state_path=part_map_path(request.staging, remote.path),
-                                label=label,
-                                on_bytes=on_bytes,
-                                reservation=reservation,
-                            )
-                            progress.origin_bytes += got.fetched_bytes
-                    except SourceError:
-                        raise
-                    except Exception as exc:
-                        raise _classify(exc, repo, commit) from exc
-                progress.completed_bytes += got.resumed_bytes
-                progress.completed_files += 1
-                request.on_progress(progress)
-                git_sha1 = None if remote.sha256 else got.digests.get("git-sha1")
-                return FileRecord(remote.path, remote.size, got.digests["sha256"], git_sha1)
+                async def one(remote: RemoteFile) -> FileRecord:
+                    url = hf_hub_url(repo, remote.path, revision=commit, endpoint=endpoint)
+                    # the strongest hash the hub lists: an LFS file's sha256, else a git blob's sha1
+                    if remote.sha256:
+                        checks = {"sha256": remote.sha256}
+                    elif remote.git_sha1:
+                        checks = {"git-sha1": remote.git_sha1}
+                    else:
+                        checks = {}
+                    label = f"{repo}@{commit[:12]}/{remote.path}"
+                    staged = request.staging / remote.path
+                    state_path = part_map_path(request.staging, remote.path)
+                    relay = None
+                    if scope is not None and remote.sha256:
+                        relay = scope.start(remote.sha256, remote.size, staged, state_path)
+                    async with gate:
+                        try:
+                            got = None
+                            if peer_engine is not None and peers is not None and remote.sha256:
+                                got = await peers.fetch(
+                                    peer_engine,
+                                    request.storage_uri,
+                                    remote.sha256,
+                                    remote.size,
+                                    staged,
+                                    state_path=state_path,
+                                    label=label,
+                                    on_bytes=on_bytes,
+                                    reservation=reservation,
+                                    relay=relay,
+                                )
+                                if got is not None:
+                                    progress.peer_bytes += got.fetched_bytes
+                            if got is None:
+                                if relay is not None and peers is not None:
+                                    peers.relays.fed_by(relay, ())  # from the origin: the head of a chain
+                                got = await self._from_origin(
+                                    engine,
+                                    _Location(self, url, token),
+                                    staged,
+                                    Expected(remote.size, checks),
+                                    headers=headers_for,
+                                    state_path=state_path,
+                                    label=label,
+                                    on_bytes=on_bytes,
+                                    reservation=reservation,
+                                )
+                                progress.origin_bytes += got.fetched_bytes
+                            if relay is not None and peers is not None:
+                                peers.relays.verified(relay)  # servable a little longer once the fetch ends
+                        except BaseException as exc:
+                            if relay is not None and peers is not None:
+                                peers.relays.failed(relay)  # the file may be deleted: never served again
+                            if isinstance(exc, SourceError) or not isinstance(exc, Exception):
+                                raise
+                            raise _classify(exc, repo, commit) from exc
+                    progress.completed_bytes += got.resumed_bytes
+                    progress.completed_files += 1
+                    request.on_progress(progress)
+                    git_sha1 = None if remote.sha256 else got.digests.get("git-sha1")
+                    return FileRecord(remote.path, remote.size, got.digests["sha256"], git_sha1)
 
-            return await gather_or_cancel(one(r) for r in largest_first(files))
+                return await gather_or_cancel(one(r) for r in largest_first(files))
 
     @contextlib.asynccontextmanager
     async def _peer_session(self) -> AsyncIterator[RangedDownloader | None]:
