@@ -56,6 +56,8 @@ def test_the_durable_view_follows_the_map_on_disk(tmp_path: Path) -> None:
         assert view.durable_end(0) == 0  # no map yet
         _map(30 * KiB, 10 * KiB, [0]).save(relay.state_path)
         assert view.durable_end(0) == 10 * KiB
+        _map(30 * KiB, 10 * KiB, [0, 2]).save(relay.state_path)  # a part further on: the fetch goes on
+        assert view.durable_end(0) == 10 * KiB and view.durable_end(20 * KiB) == 30 * KiB and view.durable_parts == 2
         _map(30 * KiB, 10 * KiB, [0, 1]).save(relay.state_path)
         assert view.durable_end(0) == 20 * KiB
         _map(30 * KiB, 10 * KiB, [0, 1, 2], complete=True).save(relay.state_path)

@@ -183,6 +183,7 @@ class DurableView:
         self.relay = relay
         self._stamp: tuple[int, int, int] | None = None
         self._state: PartMap | None = None
+        self.durable_parts = 0  # parts the map on disk records (grows while the fetch goes on anywhere in the file)
 
     def durable_end(self, offset: int) -> int:
         """:func:`durable_end` of the map on disk now (a map once seen complete is final: the file verified)."""
@@ -198,6 +199,8 @@ class DurableView:
         if stamp != self._stamp:
             self._state = PartMap.load(self.relay.state_path)
             self._stamp = stamp
+            if self._state is not None:
+                self.durable_parts = sum(1 for i in range(self._state.parts) if self._state.is_done(i))
         return durable_end(self._state, self.relay.size, offset)
 
 

@@ -14,7 +14,8 @@ Contract:
   the relays; only an entry with a source (the origin, or a peer chain) is served, and only the bytes its part map
   on disk records as durable. An answer that reaches bytes not durable yet waits for them (the map is looked at
   every ``relay_poll_s``), so a downstream one part behind streams on without a new request; after
-  ``relay_wait_s`` without a new durable byte, or as soon as the entry failed (its file is being deleted), the
+  ``relay_wait_s`` without a new durable part anywhere in the file (an answer far ahead of the fetch waits as long
+  as the fetch goes on), or as soon as the entry failed (its file is being deleted), the
   connection is closed short and the client resumes from what it got. Answers carry ``X-Peer-Path``: the chain
   of holders above this one for that file ("" for a Ready copy or the origin), which a prober uses to avoid
   cycles.
@@ -52,7 +53,7 @@ log = structlog.get_logger(__name__)
 
 CHUNK = 1024 * 1024
 RELAY_POLL_S = 0.05  # how often an answer waiting for durable bytes looks at the part map
-RELAY_WAIT_S = 5.0  # without a new durable byte for this long, the answer ends short (the client resumes)
+RELAY_WAIT_S = 5.0  # no new durable part in the file for this long: the answer ends short (the client resumes)
 _DIGEST = re.compile(r"^[0-9a-f]{64}$")
 _RANGE = re.compile(r"^bytes=(\d*)-(\d*)$")
 
@@ -292,7 +293,10 @@ class PeerServer:
             if view is not None and relay is not None:
                 if self.relays is None or not self.relays.live(relay):
                     break  # the file failed or is being deleted: not one more byte of it
+                before = view.durable_parts
                 durable = view.durable_end(offset)
+                if view.durable_parts > before:
+                    waited_since = time.monotonic()  # the fetch goes on (perhaps short of this offset yet)
                 if durable <= offset:
                     if time.monotonic() - waited_since > self.relay_wait_s:
                         break
