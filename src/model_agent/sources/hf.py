@@ -71,6 +71,7 @@ if TYPE_CHECKING:
     from model_agent.peers.fetch import PeerFetcher
 
 MAX_PARALLEL_FILES = 4
+RELAY_ORIGIN_CONCURRENCY = 2  # requests at once per relayed file from the origin (see _download)
 METADATA_TIMEOUT_S = 30.0
 LOCATION_RENEW_S = 600.0  # CDN URLs are signed for about an hour; look the location up again well before
 
@@ -274,11 +275,18 @@ class HuggingFaceSource:
         from_peers = takes_from_peers(request.storage_uri, request.owner)
         peers = self.peers if from_peers else None
         # With peers, a file this node fetches is served to them by its durable parts while it is fetched (its LFS
-        # sha256 came from the hub's listing): registered in a relay scope, with the relay part size as the unit.
-        ranged = peers.relay_ranged(self.ranged) if peers is not None else self.ranged
+        # sha256 came from the hub's listing): registered in a relay scope. From the origin it then comes through
+        # its own engine session in parts of the relay part size, at most RELAY_ORIGIN_CONCURRENCY at once: a
+        # server that ignores Range (a mirror) answers each of those requests with the whole file until the engine
+        # reads it as one stream, and more of them would only cost origin bytes.
+        relayed = (
+            dataclasses.replace(peers.relay_ranged(self.ranged), concurrency=RELAY_ORIGIN_CONCURRENCY)
+            if peers is not None
+            else None
+        )
         with contextlib.ExitStack() as stack:
             scope = stack.enter_context(peers.relays.scope()) if peers is not None else None
-            async with engine_session(ranged) as engine, self._peer_session() as peer_engine:
+            async with engine_session(self.ranged) as engine, self._peer_session() as peer_engine:
 
                 def on_bytes(n: int) -> None:
                     progress.completed_bytes += n
@@ -318,19 +326,20 @@ class HuggingFaceSource:
                                 if got is not None:
                                     progress.peer_bytes += got.fetched_bytes
                             if got is None:
-                                if relay is not None and peers is not None:
+                                origin_args = (_Location(self, url, token), staged, Expected(remote.size, checks))
+                                origin_kw: dict[str, Any] = {
+                                    "headers": headers_for,
+                                    "state_path": state_path,
+                                    "label": label,
+                                    "on_bytes": on_bytes,
+                                    "reservation": reservation,
+                                }
+                                if relay is not None and peers is not None and relayed is not None:
                                     peers.relays.fed_by(relay, ())  # from the origin: the head of a chain
-                                got = await self._from_origin(
-                                    engine,
-                                    _Location(self, url, token),
-                                    staged,
-                                    Expected(remote.size, checks),
-                                    headers=headers_for,
-                                    state_path=state_path,
-                                    label=label,
-                                    on_bytes=on_bytes,
-                                    reservation=reservation,
-                                )
+                                    async with engine_session(relayed) as own:
+                                        got = await self._from_origin(own, *origin_args, **origin_kw)
+                                else:
+                                    got = await self._from_origin(engine, *origin_args, **origin_kw)
                                 progress.origin_bytes += got.fetched_bytes
                             if relay is not None and peers is not None:
                                 peers.relays.verified(relay)  # servable a little longer once the fetch ends
