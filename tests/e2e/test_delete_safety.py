@@ -239,8 +239,11 @@ async def test_crd_deletion_trips_the_breaker_and_recreation_restores_everything
         for n in names:  # nothing removed, nothing purged
             assert await snapshot(kube, agent, n, models[n][0]) == before[n]
         assert not list((agent.models_root / ".model-agent" / "trash").iterdir())
-        node_events = await kube.events_for(agent.node)
-        assert any(e["reason"] == "DeleteBreakerOpen" for e in node_events)
+
+        async def warned() -> bool:  # the Event is sent in the background, after the breaker trips
+            return any(e["reason"] == "DeleteBreakerOpen" for e in await kube.events_for(agent.node))
+
+        await eventually(warned, timeout=30, what="the DeleteBreakerOpen Event")
     finally:
 
         async def crd_gone() -> bool:
