@@ -179,9 +179,10 @@ async def test_files_are_spread_over_peers() -> None:
 
 
 class FakeSlots:
-    """An origin-slot hold that is granted when ``free`` is set."""
+    """An origin-slot hold: ``asked`` once acquisition starts, granted when ``free`` is set."""
 
     def __init__(self) -> None:
+        self.asked = asyncio.Event()
         self.free = asyncio.Event()
         self.entered = 0
         self.exited = 0
@@ -191,6 +192,7 @@ class FakeSlots:
 
         @contextlib.asynccontextmanager
         async def cm() -> AsyncIterator[str]:
+            slots.asked.set()
             on_wait()
             await slots.free.wait()
             slots.entered += 1
@@ -343,7 +345,7 @@ async def _relayed_fetch(
     ``slot_free``, never when False; no gate with None), relaying the file in its own registry meanwhile."""
     if slot_free is None:
         return await _relayed(fetcher, relays, staging, content, on_bytes)
-    slots = GateSlots()
+    slots = FakeSlots()
     if slot_free:
         slots.free.set()
     token = ORIGIN_GATE.set(OriginGate(slots.hold, "hf://o/m", lambda: None, None))  # type: ignore[arg-type]
@@ -441,33 +443,9 @@ async def test_a_holder_whose_chain_contains_this_node_is_not_used(tmp_path: Pat
     assert got is None and server.uploaded == 0
 
 
-class GateSlots:
-    """An origin-slot hold for gates: ``asked`` once acquisition starts, granted when ``free`` is set."""
-
-    def __init__(self) -> None:
-        self.asked = asyncio.Event()
-        self.free = asyncio.Event()
-        self.entered = self.exited = 0
-
-    def hold(self, _source: str, _on_wait: Callable[[], None], **_kw: Any) -> Any:
-        slots = self
-
-        @contextlib.asynccontextmanager
-        async def cm() -> AsyncIterator[str]:
-            slots.asked.set()
-            await slots.free.wait()
-            slots.entered += 1
-            try:
-                yield "origin-0"
-            finally:
-                slots.exited += 1
-
-        return cm()
-
-
 async def test_a_fetch_that_skipped_the_queue_goes_to_the_origin_only_holding_the_slot(tmp_path: Path) -> None:
     content = os.urandom(2 * PART)
-    slots = GateSlots()
+    slots = FakeSlots()
     gate = OriginGate(slots.hold, "hf://o/m", lambda: None, None)  # type: ignore[arg-type]
     directory = FakeDirectory([], fetching=["127.0.0.1:9"])  # listed as fetching, serves nothing
     fetcher, relays = _relay_fetcher(directory)
@@ -487,7 +465,7 @@ async def test_a_fetch_that_skipped_the_queue_goes_to_the_origin_only_holding_th
 
 async def test_a_peer_that_appears_while_waiting_for_the_slot_gives_the_file(tmp_path: Path) -> None:
     content = os.urandom(2 * PART)
-    slots = GateSlots()
+    slots = FakeSlots()
     gate = OriginGate(slots.hold, "hf://o/m", lambda: None, None)  # type: ignore[arg-type]
     directory = FakeDirectory([])
     fetcher, relays = _relay_fetcher(directory)
@@ -506,7 +484,7 @@ async def test_a_peer_that_appears_while_waiting_for_the_slot_gives_the_file(tmp
 
 
 async def test_skipping_the_queue_for_a_node_still_fetching_sets_a_gate_kept_like_a_seeders_slot() -> None:
-    slots = GateSlots()
+    slots = FakeSlots()
     slots.free.set()
     directory = FakeDirectory([], fetching=["a:1"], ready_here=False)
     hold = peer_aware(slots.hold, directory)
@@ -521,7 +499,7 @@ async def test_skipping_the_queue_for_a_node_still_fetching_sets_a_gate_kept_lik
 
 
 async def test_a_gate_slot_is_released_at_once_when_the_fetch_fails() -> None:
-    slots = GateSlots()
+    slots = FakeSlots()
     slots.free.set()
     hold = peer_aware(slots.hold, FakeDirectory([], fetching=["a:1"], ready_here=False))
     with pytest.raises(RuntimeError):
@@ -533,7 +511,7 @@ async def test_a_gate_slot_is_released_at_once_when_the_fetch_fails() -> None:
 
 
 async def test_the_files_of_one_fetch_share_its_gate_and_a_peer_giving_one_does_not_lose_the_others_slot() -> None:
-    slots = GateSlots()
+    slots = FakeSlots()
     gate = OriginGate(slots.hold, "hf://o/m", lambda: None, None)  # type: ignore[arg-type]
     assert not await gate.wait(0.01)
     await gate.abandon()  # one file came from a peer; no other waits: the acquisition stops
@@ -554,7 +532,7 @@ async def test_a_busy_holder_keeps_the_fetch_off_the_origin_even_with_the_slot_f
         with up_relays.scope() as scope:
             up_relays.fed_by(scope.start(digest, len(content), up_staging / "w.bin", up_staging / "w.bin.json"), ())
             assert server.downstreams.admit(digest, "another:1")  # it serves another node
-            slots = GateSlots()
+            slots = FakeSlots()
             slots.free.set()  # the origin slot is free: only the busy holder keeps this fetch from the origin
             gate = OriginGate(slots.hold, "hf://o/m", lambda: None, None)  # type: ignore[arg-type]
             fetcher, relays = _relay_fetcher(FakeDirectory([address]))
