@@ -321,6 +321,62 @@ async def test_small_file_is_one_plain_get(tmp_path: Path) -> None:
     assert got.digests == {"sha256": hashlib.sha256(data).hexdigest()}
 
 
+async def test_small_file_cut_mid_body_resumes_from_the_last_byte_and_verifies(tmp_path: Path) -> None:
+    """A file of one small part is fetched in one thread call per attempt (job._run_small); a cut body is asked
+    again from the last byte written, and the hash (fed from the buffer) goes on from there."""
+    data = os.urandom(200 * KiB)
+    origin = await origin_for(data)
+    origin.cut_after = 64 * KiB + 5
+    try:
+        got = await engine(FAST).download(origin.url, tmp_path / "f", Expected(len(data), digests(data)))
+    finally:
+        await origin.stop()
+    assert (tmp_path / "f").read_bytes() == data
+    assert got.requests == 2 and origin.ranges[0] is None
+    assert origin.ranges[1] is not None and origin.ranges[1].startswith("bytes=")
+    assert origin.bytes_sent - len(data) <= 64 * KiB + 5
+    assert got.digests == {alg: digests(data)[alg] for alg in got.digests}
+
+
+async def test_small_file_is_recorded_only_once_complete_and_not_fetched_again(tmp_path: Path) -> None:
+    data = os.urandom(100 * KiB)
+    origin = await origin_for(data)
+    origin.stall = asyncio.Event()  # the first chunk, then nothing until set
+    dest, state = tmp_path / "f", tmp_path / "f.parts.json"
+    try:
+        dl = engine(FAST)
+        task = asyncio.ensure_future(dl.download(origin.url, dest, Expected(len(data), digests(data), '"v1"')))
+
+        async def first_chunk_written() -> bool:
+            return dest.exists() and origin.bytes_sent > 0
+
+        await eventually(first_chunk_written, timeout=10, what="the first chunk of the small file")
+        assert not state.exists()  # nothing is recorded before completion (a kill re-fetches this one part)
+        origin.stall.set()
+        await task
+        assert json.loads(state.read_text())["complete"] is True
+        before = len(origin.ranges)
+        again = await dl.download(origin.url, dest, Expected(len(data), digests(data), '"v1"'))
+    finally:
+        await origin.stop()
+    assert len(origin.ranges) == before
+    assert again.requests == 0 and again.fetched_bytes == 0 and again.resumed_bytes == len(data)
+
+
+async def test_small_file_with_a_flipped_byte_is_refused_and_deleted(tmp_path: Path) -> None:
+    data = os.urandom(150 * KiB)
+    origin = await origin_for(data)
+    origin.flip_at = 150 * KiB - 1
+    dest = tmp_path / "f"
+    try:
+        with pytest.raises(SourceError) as err:
+            await engine(FAST).download(origin.url, dest, Expected(len(data), {"sha256": digests(data)["sha256"]}))
+    finally:
+        await origin.stop()
+    assert err.value.reason == "VerificationFailed" and "sha256" in err.value.message
+    assert not dest.exists() and not Path(f"{dest}.parts.json").exists()
+
+
 async def test_empty_file_needs_no_request(tmp_path: Path) -> None:
     got = await engine(FAST).download(
         "http://127.0.0.1:9/never", tmp_path / "empty", Expected(0, {"md5": hashlib.md5(b"").hexdigest()})

@@ -41,10 +41,16 @@ class Slot:
     pipe: SplicePipe | None = None
     _buffer: bytearray | None = None
 
-    def buffer(self) -> bytearray:
-        # Lazily: a slot that only ever splices never pays for (nor holds) write_buffer bytes.
-        if self._buffer is None:
-            self._buffer = bytearray(self.buffer_size)
+    def buffer(self, need: int) -> bytearray:
+        """A receive buffer of at least ``min(need, buffer_size)`` bytes, made (or grown) when first needed.
+
+        Lazily and by need: a slot that only ever splices never holds one, and a slot that copies small bodies
+        holds a small one. A fresh ``bytearray`` is zero-filled, and a full 4 MiB buffer per slot for every
+        engine session cost more CPU than 20 files of 1-500 KiB themselves (45 instead of 31 ms per round).
+        """
+        size = max(1, min(need, self.buffer_size))
+        if self._buffer is None or len(self._buffer) < size:
+            self._buffer = bytearray(size)
         return self._buffer
 
 
