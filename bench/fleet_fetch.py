@@ -293,6 +293,7 @@ def mode_flags(mode: str, args: argparse.Namespace, node: netns.Node, token: Pat
         f"system:serviceaccount:{AGENT_NAMESPACE}:{PEER_SA}",
         "--peer-upload-rate",
         str(int(args.peer_upload_cap * MiB)),
+        *(["--peer-relay-part-size", str(args.relay_part_kib * 1024)] if args.relay_part_kib is not None else []),
     ]
 
 
@@ -681,6 +682,9 @@ def main() -> None:
     r.add_argument("--slots", type=int, default=1, help="origin slots (Leases) per model in modes b and c")
     r.add_argument(
         "--peer-upload-cap", type=float, default=None, help="MiB/s each agent serves to peers (mode c; 0.75 x node cap)"
+    )
+    r.add_argument(
+        "--relay-part-kib", type=int, default=None, help="mode c: the agents' --peer-relay-part-size (default: theirs)"
     )
     r.add_argument("--max-origin-agents", type=int, default=16, help="largest N measured for modes a and b")
     r.add_argument("--timeout", type=float, default=900.0)

@@ -405,6 +405,40 @@ async def test_a_file_is_taken_from_a_node_still_fetching_it_part_by_durable_par
     assert server.uploaded == len(content)
 
 
+async def test_a_file_is_relayed_as_its_bytes_are_written_before_any_part_is_recorded(tmp_path: Path) -> None:
+    """The upstream's engine reports each write (``on_written``); a downstream gets those bytes at once, while the
+    upstream's part map records nothing yet, and never a byte that was not written."""
+    content = os.urandom(3 * PART + 77)
+    digest = hashlib.sha256(content).hexdigest()
+    async with relay_peer(tmp_path) as (address, server, up_relays, up_staging):
+        path, state_path = up_staging / "w.bin", up_staging / "w.bin.json"
+        path.write_bytes(content)  # every byte on disk; only what was reported written is served (no map at all)
+        step = 5000
+        written = [step]
+        with up_relays.scope() as scope:
+            relay = scope.start(digest, len(content), path, state_path)
+            up_relays.fed_by(relay, ("10.0.0.1:1",))
+            write = relay.writer()
+            write(0, step)
+            received = [0]
+
+            def on_bytes(n: int) -> None:  # the upstream writes its next piece once this node has all it had
+                received[0] += n
+                assert received[0] <= written[0]  # never a byte the upstream had not written
+                if received[0] == written[0] < len(content):
+                    end = min(len(content), written[0] + step)
+                    write(written[0], end)
+                    written[0] = end
+
+            fetcher, relays = _relay_fetcher(FakeDirectory([], fetching=[address]))
+            async with asyncio.timeout(30):
+                got, _ = await _relayed_fetch(fetcher, relays, tmp_path / "staging", content, on_bytes)
+    assert got is not None and got.digests["sha256"] == digest
+    assert (tmp_path / "staging" / "w.bin").read_bytes() == content
+    assert not state_path.exists()  # (nothing was ever recorded upstream: every byte came as written)
+    assert server.uploaded == len(content)
+
+
 async def test_a_stalled_holder_is_left_and_the_next_one_resumes_the_file(tmp_path: Path) -> None:
     content = os.urandom(5 * PART)
     digest = hashlib.sha256(content).hexdigest()

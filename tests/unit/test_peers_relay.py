@@ -1,7 +1,8 @@
-"""Relaying files still being fetched: only durable parts, one downstream per file, chains without cycles."""
+"""Relaying files still being fetched: only bytes written or durable, one downstream per file, chains without cycles."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 from pathlib import Path
 
@@ -10,7 +11,9 @@ import pytest
 from model_agent.peers.relay import (
     Downstreams,
     DurableView,
+    Relay,
     Relays,
+    WrittenRanges,
     chain_of,
     durable_end,
     open_confined,
@@ -207,3 +210,64 @@ def test_a_lingering_file_gives_way_to_a_new_fetch_and_a_failed_scope_lingers_no
         assert other.fd is None and relays.find("c" * 64) is None
     relays.close()
     assert len(relays) == 0 and new.fd is None
+
+
+@pytest.mark.parametrize(
+    ("writes", "offset", "end"),
+    [
+        ([], 0, 0),
+        ([(0, 10)], 0, 10),
+        ([(0, 10)], 5, 10),
+        ([(0, 10)], 10, 10),  # the end itself is not written
+        ([(0, 10), (20, 30)], 12, 12),  # a gap
+        ([(0, 10), (20, 30)], 25, 30),
+        ([(20, 30), (0, 10), (10, 20)], 0, 30),  # out of order, merged once they touch
+        ([(0, 10), (5, 15)], 0, 15),  # overlapping
+        ([(0, 10), (30, 40), (8, 32)], 3, 40),  # one write bridging two ranges
+        ([(5, 5)], 5, 5),  # nothing
+    ],
+)
+def test_written_ranges(writes: list[tuple[int, int]], offset: int, end: int) -> None:
+    ranges = WrittenRanges()
+    for start, stop in writes:
+        ranges.add(start, stop)
+    assert ranges.end_from(offset) == end
+    assert ranges.total == sum(max(0, b - a) for a, b in writes)
+
+
+def test_written_bytes_are_servable_beside_the_durable_parts(tmp_path: Path) -> None:
+    relay = Relay("d" * 64, tmp_path / "f", tmp_path / "f.json", 30 * KiB, upstream=())
+    _map(30 * KiB, 10 * KiB, [0]).save(relay.state_path)
+    view = DurableView(relay)
+    write = relay.writer()
+    assert relay.servable_end(view, 0) == 10 * KiB  # the recorded part
+    write(10 * KiB, 14 * KiB)
+    assert relay.servable_end(view, 0) == 10 * KiB  # (ranges are per offset: the part map's ends at 10 KiB)
+    assert relay.servable_end(view, 10 * KiB) == 14 * KiB  # written, not recorded: served
+    assert relay.servable_end(view, 20 * KiB) == 20 * KiB  # neither
+    relay.writer()  # a new attempt: the file may have been replaced, what was written is forgotten
+    assert relay.servable_end(view, 10 * KiB) == 10 * KiB
+
+
+async def test_a_waiting_answer_is_woken_by_a_write_and_a_failure_forgets_what_was_written(tmp_path: Path) -> None:
+    relays = Relays()
+    with relays.scope() as scope:
+        relay = scope.start("e" * 64, 1000, tmp_path / "f", tmp_path / "f.json")
+        relays.fed_by(relay, ())
+        write = relay.writer()
+        waiter = asyncio.ensure_future(relay.changed(timeout=30))
+        await asyncio.sleep(0)  # (the waiter is waiting)
+        write(0, 100)
+        async with asyncio.timeout(5):
+            await waiter  # woken by the write, long before its timeout
+        assert relay.written.end_from(0) == 100
+        relays.fed_by(relay, None)  # an attempt failed: its bytes may be gone
+        assert relay.written.end_from(0) == 0
+        write = relay.writer()
+        write(0, 50)
+        waiter = asyncio.ensure_future(relay.changed(timeout=30))
+        await asyncio.sleep(0)
+        relays.failed(relay)
+        async with asyncio.timeout(5):
+            await waiter  # the failure wakes it: the answer ends
+        assert relay.written.end_from(0) == 0 and relays.find(relay.sha256) is None

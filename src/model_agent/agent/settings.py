@@ -247,10 +247,9 @@ class Settings(BaseSettings):
     peer_relay_part_size: Annotated[
         int,
         Flag(
-            "Part size, bytes, of hf:// LFS fetches with peers on: the unit peers relay a file in while it is fetched "
-            "(0: the engine's part size)."
+            "Part size, bytes, of hf:// LFS fetches with peers on (from the origin and from peers; 0: the engine's)."
         ),
-    ] = 512 * 1024
+    ] = 4 * 1024 * 1024
 
     # drift and load
     resync_interval_s: Annotated[

@@ -65,7 +65,7 @@ class PeerConfig:
     max_per_peer: int = 32  # requests in flight per peer address; more get 429
     ban_s: float = 600.0
     downstreams_per_file: int = 1  # nodes one file is served to at once (429 beyond): chains, not a star; 0: no cap
-    relay_part_size: int = 512 * 1024  # the unit a file being fetched is relayed in (its part size); 0: the engine's
+    relay_part_size: int = 4 * 1024 * 1024  # the part size of hf:// LFS fetches with peers on; 0: the engine's
 
     def advertised(self) -> str:
         """The address written on this node's Node object."""

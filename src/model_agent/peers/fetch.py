@@ -22,8 +22,8 @@ Contract:
   the file, so the next attempt starts clean and is again a single peer's. Any other failure (a peer stalled, went
   away, refused) keeps the partial file and its part map: the next holder resumes the parts not yet recorded.
   Before returning None the partial file and its map are removed, so the origin starts clean as before.
-* While a peer feeds the file, this node relays it (``relay``, registered by the source): the chain above it is
-  the holder's plus the holder.
+* While a peer feeds the file, this node relays it (``relay``, registered by the source) as its bytes land (the
+  engine's ``on_written``): the chain above it is the holder's plus the holder.
 * Cancellation is never swallowed.
 """
 
@@ -243,6 +243,7 @@ class PeerFetcher:
                 label=f"{file.label} (peer {address})",
                 on_bytes=file.counted,
                 reservation=file.reservation,
+                on_written=file.relay.writer() if file.relay is not None else None,
             )
         except asyncio.CancelledError:
             raise

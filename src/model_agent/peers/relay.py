@@ -13,9 +13,14 @@ every node waiting for the seed's copy and sharing its upload. Three pieces, no 
   staging (checked inside the models roots), so a downstream behind it is not cut off in the moment between the
   end of the fetch and the published copy being in the server's index (which is asked first); it is closed then,
   or as soon as another fetch of the same digest starts here.
-* :func:`durable_end` / :class:`DurableView`: which bytes are durable, read from the engine's part map
-  (:mod:`model_agent.transfer.partmap`), which records a part only after its bytes were written and
-  fdatasync-ed; nothing else (no in-memory progress, no bytes merely written) is ever served.
+* What may be served of a file: the ranges its fetch has written into it in this attempt (:class:`WrittenRanges`,
+  fed by the engine's ``on_written`` as the bytes land, so a chain's hop costs about one write of a buffer, not
+  a part and its fdatasync), and the parts its part map records (:func:`durable_end` / :class:`DurableView`:
+  what a resumed file already held). Bytes merely written are not durable, and need not be: what a downstream
+  gets it verifies itself against the origin's digest, whatever this node did with them; what they must be is
+  present, so every range is forgotten when its file may have been replaced (a new attempt, a failed one).
+  Answers waiting for bytes are woken by each write (:meth:`Relay.changed`) and look at the map on disk at
+  least every poll interval.
 * :class:`Downstreams`: at most ``cap`` downstream nodes per file at once (429 beyond), a node's claim kept
   for ``grace_s`` after its last request so its next part request finds its place still free.
 
@@ -27,6 +32,8 @@ origin's digest.
 
 from __future__ import annotations
 
+import asyncio
+import bisect
 import contextlib
 import os
 import stat
@@ -55,11 +62,80 @@ class Relay:
     verified: bool = False  # the engine verified the file (set by the source)
     fd: int | None = None  # once its fetch ended: the verified file, read from here until ``until``
     until: float = 0.0
+    written: WrittenRanges = field(default_factory=lambda: WrittenRanges())
+    _changed: asyncio.Event | None = field(default=None, repr=False)
 
     @property
     def servable(self) -> bool:
         """Whether it may be served now."""
         return not self.failed and self.upstream is not None
+
+    def writer(self) -> Callable[[int, int], None]:
+        """The engine's ``on_written`` for a new attempt at the file (what earlier ones wrote is forgotten: the
+        file may have been replaced)."""
+        self.forget()
+
+        def on_written(start: int, end: int) -> None:
+            self.written.add(start, end)
+            self.notify()
+
+        return on_written
+
+    def forget(self) -> None:
+        """The file may no longer hold what was written to it (an attempt failed, the file was discarded)."""
+        self.written.clear()
+        self.notify()
+
+    def notify(self) -> None:
+        """Wake every answer waiting in :meth:`changed`."""
+        changed, self._changed = self._changed, None
+        if changed is not None:
+            changed.set()
+
+    async def changed(self, timeout: float) -> None:
+        """Return at the next write into the file, when it fails, or after ``timeout`` seconds."""
+        if self._changed is None:
+            self._changed = asyncio.Event()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._changed.wait(), timeout)
+
+    def servable_end(self, view: DurableView, offset: int) -> int:
+        """The end of the bytes from ``offset`` that may be served now (``offset``: none yet)."""
+        return max(view.durable_end(offset), self.written.end_from(offset))
+
+
+class WrittenRanges:
+    """The byte ranges written into a file so far, kept sorted and merged (few: about one per part in flight)."""
+
+    def __init__(self) -> None:
+        self._starts: list[int] = []
+        self._ends: list[int] = []
+        self.total = 0  # bytes ever added (grows while the fetch goes on: the relay's sign of progress)
+
+    def add(self, start: int, end: int) -> None:
+        """``[start, end)`` is in the file."""
+        if end <= start:
+            return
+        self.total += end - start
+        i = bisect.bisect_left(self._ends, start)  # the first range that ends at or after start: it may touch
+        j = i
+        while j < len(self._starts) and self._starts[j] <= end:
+            start, end = min(start, self._starts[j]), max(end, self._ends[j])
+            j += 1
+        self._starts[i:j] = [start]
+        self._ends[i:j] = [end]
+
+    def end_from(self, offset: int) -> int:
+        """The end of the written range that holds ``offset``, else ``offset``."""
+        i = bisect.bisect_right(self._starts, offset) - 1
+        return self._ends[i] if i >= 0 and self._ends[i] > offset else offset
+
+    def clear(self) -> None:
+        self._starts.clear()
+        self._ends.clear()
+
+    def __len__(self) -> int:
+        return len(self._starts)
 
 
 class Relays:
@@ -113,12 +189,15 @@ class Relays:
         """``relay`` now comes through ``upstream`` (``()``: the origin; None: from nowhere for now)."""
         if relay.failed:
             return
+        if upstream is None:
+            relay.forget()  # (an attempt failed: a file that failed verification is gone already)
         relay.upstream = upstream
         self._add(relay)
 
     def failed(self, relay: Relay) -> None:
         """``relay``'s file is being deleted (it failed verification, or was given up): never served again."""
         relay.failed = True
+        relay.forget()  # (and wakes the answers waiting for its bytes: they end now)
         self._drop(relay)
 
     @staticmethod

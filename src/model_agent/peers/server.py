@@ -1,4 +1,4 @@
-"""The peer server: this node's Ready model files, and the durable parts of those it is fetching, read-only, by
+"""The peer server: this node's Ready model files, and what it has of those it is fetching, read-only, by
 sha256, to authenticated peers.
 
 ``GET`` and ``HEAD /blobs/sha256/<64 hex>``, with a single ``Range`` (``bytes=a-b``, ``a-``, ``-n``:
@@ -11,11 +11,12 @@ Contract:
   size and mtime still match the record (a file changed on disk is 404). The index is rebuilt from the
   manifests at most every ``index_s``; a digest not found forces one rebuild (at most once a second).
 * **Files being fetched** (:mod:`.relay`, when given ``relays``): a digest no manifest records is looked up in
-  the relays; only an entry with a source (the origin, or a peer chain) is served, and only the bytes its part map
-  on disk records as durable. An answer that reaches bytes not durable yet waits for them (the map is looked at
-  every ``relay_poll_s``), so a downstream one part behind streams on without a new request; after
-  ``relay_wait_s`` without a new durable part anywhere in the file (an answer far ahead of the fetch waits as long
-  as the fetch goes on), or as soon as the entry failed (its file is being deleted), the
+  the relays; only an entry with a source (the origin, or a peer chain) is served, and only the bytes its fetch
+  has written into it or its part map on disk records (:meth:`~.relay.Relay.servable_end`). An answer that
+  reaches bytes not there yet waits for them (woken by the next write, the map looked at at least every
+  ``relay_poll_s``), so a downstream right behind streams on without a new request; after ``relay_wait_s``
+  without a new byte anywhere in the file (an answer far ahead of the fetch waits as long as the fetch goes
+  on), or as soon as the entry failed (its file is being deleted), the
   connection is closed short and the client resumes from what it got. Answers carry ``X-Peer-Path``: the chain
   of holders above this one for that file ("" for a Ready copy or the origin), which a prober uses to avoid
   cycles.
@@ -52,7 +53,7 @@ from model_agent.peers.relay import FROM_HEADER, PATH_HEADER, Downstreams, Durab
 log = structlog.get_logger(__name__)
 
 CHUNK = 1024 * 1024
-RELAY_POLL_S = 0.05  # how often an answer waiting for durable bytes looks at the part map
+RELAY_POLL_S = 0.05  # how often an answer waiting for bytes looks at the part map (writes wake it sooner)
 RELAY_WAIT_S = 5.0  # no new durable part in the file for this long: the answer ends short (the client resumes)
 _DIGEST = re.compile(r"^[0-9a-f]{64}$")
 _RANGE = re.compile(r"^bytes=(\d*)-(\d*)$")
@@ -293,14 +294,14 @@ class PeerServer:
             if view is not None and relay is not None:
                 if self.relays is None or not self.relays.live(relay):
                     break  # the file failed or is being deleted: not one more byte of it
-                before = view.durable_parts
-                durable = view.durable_end(offset)
-                if view.durable_parts > before:
+                before = (view.durable_parts, relay.written.total)
+                durable = relay.servable_end(view, offset)
+                if (view.durable_parts, relay.written.total) != before:
                     waited_since = time.monotonic()  # the fetch goes on (perhaps short of this offset yet)
                 if durable <= offset:
                     if time.monotonic() - waited_since > self.relay_wait_s:
                         break
-                    await asyncio.sleep(self.relay_poll_s)
+                    await relay.changed(self.relay_poll_s)  # the next write, or a look at the map on disk
                     continue
                 n = min(n, durable - offset)
             await self.pacer.take(n)

@@ -336,6 +336,7 @@ class HuggingFaceSource:
                                 }
                                 if relay is not None and peers is not None and relayed is not None:
                                     peers.relays.fed_by(relay, ())  # from the origin: the head of a chain
+                                    origin_kw["on_written"] = relay.writer()  # relayed as its bytes land
                                     async with engine_session(relayed) as own:
                                         got = await self._from_origin(own, *origin_args, **origin_kw)
                                 else:

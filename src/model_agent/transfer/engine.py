@@ -103,13 +103,16 @@ class RangedDownloader:
         label: str | None = None,
         on_bytes: Callable[[int], None] | None = None,
         reservation: Reservation | None = None,
+        on_written: Callable[[int, int], None] | None = None,
     ) -> Downloaded:
         """Fetch ``url`` into ``path`` (resuming from ``state_path``), verify it, fsync it; see the module doc.
 
         ``url`` may be a callable (plain or async), called for every request (e.g. to renew a presigned URL).
         ``headers`` may be a callable, called with each request's URL for headers to add (e.g. a signature).
         ``on_bytes`` is called (in the event loop) with the size of every write. ``reservation`` is shrunk by
-        what the preallocation takes.
+        what the preallocation takes. ``on_written`` is called (in the event loop) with ``(start, end)`` of every
+        range that is in the file (written, not yet verified nor fsynced: what a relay may pass on to a node that
+        verifies it itself), after every write.
         """
         unknown = set(expected.checksums) - SUPPORTED_CHECKSUMS
         if unknown:
@@ -124,6 +127,7 @@ class RangedDownloader:
             label or Path(path).name,
             on_bytes or (lambda _n: None),
             reservation,
+            on_written,
         )
         return await job.run()
 
