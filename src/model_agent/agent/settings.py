@@ -246,9 +246,7 @@ class Settings(BaseSettings):
     ] = 1
     peer_relay_part_size: Annotated[
         int,
-        Flag(
-            "Part size, bytes, of hf:// LFS fetches with peers on (from the origin and from peers; 0: the engine's)."
-        ),
+        Flag("Part size, bytes, of hf:// LFS fetches with peers on (from the origin and from peers; 0: the engine's)."),
     ] = 4 * 1024 * 1024
 
     # drift and load
