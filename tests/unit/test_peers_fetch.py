@@ -18,7 +18,7 @@ from model_agent.local.manifest import FileRecord, Manifest
 from model_agent.peers.auth import TokenReviewer
 from model_agent.peers.bans import Bans
 from model_agent.peers.fetch import PeerFetcher
-from model_agent.peers.relay import Relays, order_candidates
+from model_agent.peers.relay import Relay, Relays, order_candidates
 from model_agent.peers.seeding import ORIGIN_GATE, Hold, OriginGate, peer_aware_slots
 from model_agent.peers.server import BlobIndex, PeerServer
 from model_agent.sources import egress
@@ -452,6 +452,14 @@ async def test_a_stalled_holder_is_left_and_the_next_one_resumes_the_file(tmp_pa
                 scope = s1 if relays is stalled[2] else s2
                 relays.fed_by(scope.start(digest, len(content), staging / "w.bin", staging / "w.bin.json"), ())
             fetcher, relays = _relay_fetcher(FakeDirectory([], fetching=[first[0], second[0]]))
+            fed: list[tuple[str, ...] | None] = []
+            real_fed_by = relays.fed_by
+
+            def fed_by(relay: Relay, upstream: tuple[str, ...] | None) -> None:
+                fed.append(upstream)
+                real_fed_by(relay, upstream)
+
+            relays.fed_by = fed_by  # type: ignore[method-assign]
             progress: list[int] = []
             async with asyncio.timeout(60):
                 got, relay = await _relayed_fetch(fetcher, relays, tmp_path / "staging", content, progress.append)
@@ -459,6 +467,8 @@ async def test_a_stalled_holder_is_left_and_the_next_one_resumes_the_file(tmp_pa
     assert got.resumed_bytes == PART  # what the stalled holder gave stayed
     assert stalled[1].uploaded == PART and full[1].uploaded == len(content) - PART
     assert relay.upstream == (full[0],)
+    # between the two holders this node stayed servable (its own downstream waits instead of leaving it too)
+    assert fed == [(stalled[0],), (full[0],)]
 
 
 async def test_a_holder_whose_chain_contains_this_node_is_not_used(tmp_path: Path) -> None:

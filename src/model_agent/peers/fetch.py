@@ -19,8 +19,10 @@ Contract:
   serves another node (429), it does not even ask for the slot (for at most ``busy_s``): the fleet has the bytes.
   Without a gate (the fetch holds its slot, or no slots at all) one round of the Ready holders decides.
 * ``VerificationFailed`` bans the peer when it alone sent the file's bytes (:mod:`.bans`); the engine has deleted
-  the file, so the next attempt starts clean and is again a single peer's. Any other failure (a peer stalled, went
-  away, refused) keeps the partial file and its part map: the next holder resumes the parts not yet recorded.
+  the file, so the next attempt starts clean and is again a single peer's, and this node serves nothing of it until
+  then. Any other failure (a peer stalled, went away, refused) keeps the partial file and its part map: the next
+  holder resumes the parts not yet recorded, and this node goes on serving what it has meanwhile (under the chain
+  it had), so its own downstream waits for the next bytes instead of giving up on it too.
   Before returning None the partial file and its map are removed, so the origin starts clean as before.
 * While a peer feeds the file, this node relays it (``relay``, registered by the source) as its bytes land (the
   engine's ``on_written``): the chain above it is the holder's plus the holder.
@@ -248,11 +250,11 @@ class PeerFetcher:
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # any peer failure: the next peer, finally the origin
-            if file.relay is not None:
-                self.relays.fed_by(file.relay, None)
             if file.written > before:
                 file.senders.add(address)
             if isinstance(exc, SourceError) and exc.reason == "VerificationFailed":
+                if file.relay is not None:
+                    self.relays.fed_by(file.relay, None)  # the file is gone: nothing of it is served until refetched
                 if file.senders <= {address}:
                     log.warning("peer served bytes that failed verification; banned", peer=address, file=file.label)
                     self.bans.ban(address)
@@ -288,6 +290,8 @@ class _File:
 
     def discard(self) -> None:
         """Remove the partial file and its part map; take back the progress reported for it."""
+        if self.relay is not None:
+            self.relay.forget()
         _discard(self.path, self.state_path, self.written, self.on_bytes)
         self.written = 0
         self.senders.clear()
