@@ -134,9 +134,6 @@ class WrittenRanges:
         self._starts.clear()
         self._ends.clear()
 
-    def __len__(self) -> int:
-        return len(self._starts)
-
 
 class Relays:
     """The registry of relayable files of this node, by sha256 (see the module contract)."""

@@ -54,7 +54,7 @@ log = structlog.get_logger(__name__)
 
 CHUNK = 1024 * 1024
 RELAY_POLL_S = 0.05  # how often an answer waiting for bytes looks at the part map (writes wake it sooner)
-RELAY_WAIT_S = 5.0  # no new durable part in the file for this long: the answer ends short (the client resumes)
+RELAY_WAIT_S = 5.0  # no new byte in the file for this long: the answer ends short (the client resumes)
 _DIGEST = re.compile(r"^[0-9a-f]{64}$")
 _RANGE = re.compile(r"^bytes=(\d*)-(\d*)$")
 

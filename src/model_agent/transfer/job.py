@@ -67,6 +67,7 @@ class _Span:
 
 
 _Request = Callable[["Slot", str, dict[str, str], _Span, bool, threading.Event], object]  # a slot thread's GET
+_ALREADY = object()  # the small path's "a completed record makes this file done" (see Job._small_request)
 
 
 class Job:
@@ -127,7 +128,6 @@ class Job:
         # One writer to the file at a time: parallel writers contend for the inode lock and the kernel spins on
         # it (measured: 1.7 -> 1.6 CPU-s/GB copying to tmpfs, and most of the gain of splice on ext4).
         self.write_lock = threading.Lock()
-        self.small_problems: list[str] = []  # the small path's check, made in its thread (see _run_small)
 
     # ------------------------------------------------------------------ open / state
 
@@ -221,13 +221,14 @@ class Job:
         fsynced and recorded complete before this returns; a mismatch deletes it. Nothing is recorded before
         completion: a kill re-fetches this one part, which is all that was in flight.
         """
-        done: list[bool] = []
         try:
             async with self.dl._slot() as slot:
-                await self._fetch_span(_Span(0, self.size), slot, self._small_request, done)
-            if done and done[0]:
+                checked = await self._fetch_span(_Span(0, self.size), slot, self._small_request)
+            if checked is _ALREADY:
                 return Downloaded(self.path, self.size, self._digests(self.state.digests), 0, self.size, 0)
-            await self._settle_check(self.small_problems)
+            # (not a list: every byte is in, but the attempt failed after them; the check is made now)
+            problems = checked if isinstance(checked, list) else await self.io.run(self._hash_rest_and_check)
+            await self._settle_check(problems)
             return Downloaded(self.path, self.size, dict(self.state.digests), self.fetched, self.resumed, self.requests)
         finally:
             cleanup = asyncio.ensure_future(self._shutdown())
@@ -235,26 +236,30 @@ class Job:
 
     def _small_request(
         self, slot: Slot, url: str, headers: dict[str, str], span: _Span, whole: bool, stop: threading.Event
-    ) -> bool:
-        """Worker thread: open the file at the first attempt (True when a completed record makes it done), then
-        the GET copied through the slot's buffer, so every byte is hashed as it is written; then verify, fsync and
-        record (:meth:`_finish`)."""
+    ) -> object:
+        """Worker thread: open the file at the first attempt (:data:`_ALREADY` when a completed record makes it
+        done), then the GET copied through the slot's buffer, so every byte is hashed as it is written; then the
+        check (:meth:`_hash_rest_and_check`): its problems, none when the file is verified and recorded."""
         if self.fd < 0:
             if self._open():
-                return True
+                span.pos = span.end
+                return _ALREADY
             if self.resumed:  # a map of smaller parts (another part size): the whole file is fetched again
                 self.state_path.unlink(missing_ok=True)
                 self.state = PartMap.fresh(self.size, self.cfg.part_size, self.expected.validator)
                 self.resumed = 0
-        if span.pos < span.end:
-            self._request(slot, url, headers, span, whole, stop, splice=False)
-        if self.ordered.pos < self.size:  # (never, copying in order; kept so no byte can go unhashed)
+        self._request(slot, url, headers, span, whole, stop, splice=False)
+        return self._hash_rest_and_check()
+
+    def _hash_rest_and_check(self) -> list[str]:
+        """Any thread, once every byte is in the file: hash what the buffers did not (nothing, copying in order;
+        kept so no byte can go unhashed), then :meth:`_check_and_record`."""
+        if self.ordered.pos < self.size:
             for hasher in self.ordered.hashers:
                 hashing.hash_mapped(self.fd, hasher, self.ordered.pos, self.size - self.ordered.pos)
             self.ordered.pos = self.size
         digests = {alg: h.hexdigest() for alg, h in zip(self.algorithms, self.ordered.hashers, strict=True)}
-        self.small_problems = self._check_and_record(digests)
-        return False
+        return self._check_and_record(digests)
 
     def _digests(self, found: Mapping[str, str]) -> dict[str, str]:
         return {alg: found[alg] for alg in self.algorithms}
@@ -377,22 +382,19 @@ class Job:
         start = i * self.state.part_size
         await self._fetch_span(_Span(start, min(self.size, start + self.state.part_size)), slot, self._request)
 
-    async def _fetch_span(self, span: _Span, slot: Slot, request: _Request, out: list[bool] | None = None) -> None:
-        """``span`` through ``request`` in the slot's thread, retried from the last byte written; the thread
-        function's result is appended to ``out`` (the small path's "already complete")."""
+    async def _fetch_span(self, span: _Span, slot: Slot, request: _Request) -> object:
+        """``span`` through ``request`` in the slot's thread, retried from the last byte written; what the thread
+        function returned the last time, None when the last attempt failed after every byte was in."""
         failures = 0
+        result: object = None
         while span.pos < span.end:
             await self.dl._wait_turn()
             before = span.pos
             try:
-                whole = span.pos == 0 and span.end == self.size
-                result = await self._stream(span, slot, whole=whole, request=request)
-                if out is not None:
-                    out.append(bool(result))
-                    return
+                result = await self._stream(span, slot, whole=span.pos == 0 and span.end == self.size, request=request)
             except TRANSIENT as exc:
                 if span.pos >= span.end:
-                    return
+                    return None
                 failures = 1 if span.pos > before else failures + 1
                 if failures >= self.cfg.max_attempts:
                     raise SourceError(
@@ -401,6 +403,7 @@ class Job:
                         f"last: {describe(exc)}",
                     ) from None
                 await asyncio.sleep(self._retry_delay(exc, failures))
+        return result
 
     async def _request_url(self) -> str:
         if isinstance(self.url, str):
