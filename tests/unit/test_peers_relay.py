@@ -20,6 +20,7 @@ from model_agent.peers.relay import (
     order_candidates,
 )
 from model_agent.transfer.partmap import PartMap
+from tests.support.waiting import eventually
 
 KiB = 1024
 
@@ -255,8 +256,12 @@ async def test_a_waiting_answer_is_woken_by_a_write_and_a_failure_forgets_what_w
         relay = scope.start("e" * 64, 1000, tmp_path / "f", tmp_path / "f.json")
         relays.fed_by(relay, ())
         write = relay.writer()
+
+        async def waiting() -> bool:
+            return relay._changed is not None  # (the waiter has made its event: a write now wakes it)
+
         waiter = asyncio.ensure_future(relay.changed(timeout=30))
-        await asyncio.sleep(0)  # (the waiter is waiting)
+        await eventually(waiting, what="the answer waiting for the next write")
         write(0, 100)
         async with asyncio.timeout(5):
             await waiter  # woken by the write, long before its timeout
@@ -266,7 +271,7 @@ async def test_a_waiting_answer_is_woken_by_a_write_and_a_failure_forgets_what_w
         write = relay.writer()
         write(0, 50)
         waiter = asyncio.ensure_future(relay.changed(timeout=30))
-        await asyncio.sleep(0)
+        await eventually(waiting, what="the answer waiting for the next write")
         relays.failed(relay)
         async with asyncio.timeout(5):
             await waiter  # the failure wakes it: the answer ends
