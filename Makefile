@@ -45,7 +45,7 @@ unit: $(STAMP)
 test: setup setup-node lint
 	$(BIN)/pytest -q
 
-# The download benchmark against peers (python -m bench.download, ~30 min): writes bench/REPORT.md and
+# The download benchmark against peers (python -m bench.download, 3 rounds, ~45 min): writes bench/REPORT.md and
 # bench/results/download.jsonl. Installs its Debian tools when run as root.
 bench-download: $(STAMP)
 	$(BIN)/pip install --quiet -e '.[dev,bench]'

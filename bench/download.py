@@ -435,7 +435,7 @@ def main() -> int:
         return 0
     smoke = args.smoke
     defaults = {
-        "rounds": 1 if smoke else 5,
+        "rounds": 1 if smoke else 3,
         "workloads": "W1,W4,W5" if smoke else "W1,W2,W3,W4,W5,W6",
         "big_mib": 256 if smoke else 2048,
         "shards": 0 if smoke else 4,
