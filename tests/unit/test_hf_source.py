@@ -66,6 +66,7 @@ async def fakes() -> AsyncIterator[tuple[Fakes, dict[str, bytes]]]:
         "config.json": json.dumps({"architectures": ["LlamaForCausalLM"]}).encode(),
         "model.safetensors": bytes(range(256)) * (4 * KiB),  # 1 MiB: LFS, fetched in ranges
         "shards/part-2.safetensors": b"\x01\x02" * (100 * KiB),
+        "moved_small.txt": b"a git blob the hub serves from elsewhere\n",  # its resolve URL redirects
     }
     lfs = {p for p in files if p.endswith(".safetensors")}
     blobs = {hashlib.sha256(files[p]).hexdigest(): files[p] for p in lfs}
@@ -97,12 +98,19 @@ async def fakes() -> AsyncIterator[tuple[Fakes, dict[str, bytes]]]:
             sha = hashlib.sha256(data).hexdigest()
             headers |= {"X-Linked-Etag": f'"{sha}"', "X-Linked-Size": str(len(data))}
             raise web.HTTPFound(f"{state.cdn_url}/blobs/{sha}?signed=yes", headers=headers)
+        if path == "moved_small.txt":
+            headers |= {"ETag": f'"{git_sha1(data)}"', "X-Linked-Size": str(len(data))}
+            raise web.HTTPTemporaryRedirect(f"{state.cdn_url}/small/{path}", headers=headers)
         headers |= {"ETag": f'"{git_sha1(data)}"', "Content-Length": str(len(data))}
         if request.method == "HEAD":
             return web.Response(headers=headers)
         if path == state.flip_small:
             data = bytes([data[0] ^ 0xFF]) + data[1:]
         return web.Response(body=data, headers=headers)
+
+    async def small(request: web.Request) -> web.StreamResponse:
+        state.cdn.append(seen(request))
+        return web.Response(body=files[request.match_info["path"]])
 
     async def blob(request: web.Request) -> web.StreamResponse:
         state.cdn.append(seen(request))
@@ -125,6 +133,7 @@ async def fakes() -> AsyncIterator[tuple[Fakes, dict[str, bytes]]]:
     hub.router.add_route("*", f"/{REPO}/resolve/{COMMIT}/{{path:.*}}", resolve)
     cdn = web.Application()
     cdn.router.add_get("/blobs/{sha}", blob)
+    cdn.router.add_get("/small/{path:.*}", small)
     hub_runner, state.hub_url = await _serve(hub)
     cdn_runner, state.cdn_url = await _serve(cdn)
     try:
@@ -187,24 +196,41 @@ async def test_weights_start_largest_first(
     await source(f).fetch(request_for(tmp_path))
 
     by_blob = {hashlib.sha256(data).hexdigest(): path for path, data in files.items() if path.endswith(".safetensors")}
-    order = list(dict.fromkeys(by_blob[s.path.removeprefix("/blobs/")] for s in f.cdn))
+    order = list(dict.fromkeys(by_blob[s.path.removeprefix("/blobs/")] for s in f.cdn if s.path.startswith("/blobs/")))
     assert order == ["model.safetensors", "shards/part-2.safetensors", "adapter.safetensors"]
 
 
 async def test_small_files_come_through_the_engine_checked_against_their_git_blob_id(
     fakes: tuple[Fakes, dict[str, bytes]], tmp_path: Path
 ) -> None:
-    """One session for every file: a small file is one HEAD (its location) and one plain GET, verified by its
-    git blob sha1 with no huggingface_hub download bookkeeping left in staging."""
+    """One session for every file: a small file is one plain GET of its resolve URL (no metadata HEAD first),
+    with the token (it goes to the hub), verified by its git blob sha1, with no huggingface_hub download
+    bookkeeping left in staging."""
     f, files = fakes
     req = request_for(tmp_path)
     result = await source(f).fetch(req)
     config = next(r for r in result.files if r.path == "config.json")
     assert config.git_sha1 == git_sha1(files["config.json"])
     assert config.sha256 == hashlib.sha256(files["config.json"]).hexdigest()
-    asked = [(s.method, s.range) for s in f.hub if s.path.endswith("/config.json")]
-    assert asked == [("HEAD", None), ("GET", None)]
+    asked = [(s.method, s.range, s.authorization) for s in f.hub if s.path.endswith("/config.json")]
+    assert asked == [("GET", None, f"Bearer {TOKEN}")]
     assert not (req.staging / ".cache" / "huggingface").exists()
+
+
+async def test_a_small_file_whose_resolve_url_redirects_is_fetched_from_the_location_without_the_token(
+    fakes: tuple[Fakes, dict[str, bytes]], tmp_path: Path
+) -> None:
+    """The engine follows no redirect: the source looks the location up (one HEAD) and asks there, and the token
+    stays with the hub."""
+    f, files = fakes
+    req = request_for(tmp_path)
+    result = await source(f).fetch(req)
+    moved = next(r for r in result.files if r.path == "moved_small.txt")
+    assert moved.git_sha1 == git_sha1(files["moved_small.txt"])
+    assert (req.staging / "moved_small.txt").read_bytes() == files["moved_small.txt"]
+    assert [s.method for s in f.hub if s.path.endswith("/moved_small.txt")] == ["GET", "HEAD"]
+    at_cdn = [s for s in f.cdn if s.path == "/small/moved_small.txt"]
+    assert [(s.method, s.authorization) for s in at_cdn] == [("GET", None)]
 
 
 async def test_a_flipped_byte_in_a_small_file_is_caught_and_not_kept(

@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import hashlib
 import os
+import socket
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -17,7 +18,7 @@ import pytest
 from model_agent.local.manifest import FileRecord, Manifest
 from model_agent.peers.auth import TokenReviewer
 from model_agent.peers.relay import FROM_HEADER, PATH_HEADER, Relays
-from model_agent.peers.server import BlobIndex, PeerServer, UploadPacer, parse_range
+from model_agent.peers.server import SO_MAX_PACING_RATE, BlobIndex, PeerServer, UploadPacer, parse_range
 from model_agent.transfer.partmap import PartMap
 
 AGENT = "system:serviceaccount:ns:model-agent"
@@ -139,6 +140,36 @@ async def test_a_peer_over_its_limit_gets_429(tmp_path: Path, served: Any) -> No
     server.pacer = UploadPacer(4 * 1024 * 1024)  # slow enough that two answers are still in flight
     results = await asyncio.gather(*(_get(server, digest, "good") for _ in range(3)))
     assert sorted(r[0] for r in results) == [200, 200, 429]
+
+
+async def test_answers_sockets_are_paced_by_the_kernel_at_their_share(
+    tmp_path: Path, served: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two answers at once each get half the cap on their socket (read back from the kernel), so neither sends a
+    burst; one alone gets the whole cap."""
+    server, manifests, _ = served
+    rate = 4 * 1024 * 1024
+    # 8 MiB each at 4 MiB/s (the bucket holds one second's worth): the two answers overlap for about 2 s
+    one, first = _model(tmp_path, os.urandom(8 * 1024 * 1024), "a.bin")
+    two, second = _model(tmp_path, os.urandom(8 * 1024 * 1024), "b.bin")
+    manifests += [one, two]
+    server.pacer = UploadPacer(rate)
+    kernel_says: list[int] = []
+    pace = UploadPacer.pace
+
+    def recorded(sock: Any, value: int) -> bool:
+        done = pace(sock, value)
+        if done:
+            kernel_says.append(sock.getsockopt(socket.SOL_SOCKET, SO_MAX_PACING_RATE))
+        return done
+
+    monkeypatch.setattr(UploadPacer, "pace", staticmethod(recorded))
+    alone = await _get(server, first, "good")
+    assert alone[0] == 200 and kernel_says == [rate], kernel_says
+    kernel_says.clear()
+    both = await asyncio.gather(_get(server, first, "good"), _get(server, second, "good"))
+    assert [r[0] for r in both] == [200, 200]
+    assert kernel_says.count(rate // 2) >= 2, kernel_says  # each socket at half while both send
 
 
 async def test_upload_pacer_holds_the_rate() -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from model_agent.model.errors import SourceError
-from model_agent.transfer.answers import Answer, RangeIgnored, Retry, check_answer, parse_retry_after
+from model_agent.transfer.answers import Answer, RangeIgnored, Redirected, Retry, check_answer, parse_retry_after
 
 SIZE = 1000
 
@@ -18,6 +18,8 @@ def outcome(answer: Answer, first: int = 100, end: int = 200, *, whole: bool = F
         return "retry" if exc.retry_after is None else f"retry:{exc.retry_after:g}"
     except RangeIgnored:
         return "range-ignored"
+    except Redirected as exc:
+        return f"redirected:{exc.reason}"
     except SourceError as exc:
         return exc.reason
     return "read"
@@ -45,7 +47,11 @@ def outcome(answer: Answer, first: int = 100, end: int = 200, *, whole: bool = F
         (Answer(401), False, "AccessDenied"),
         (Answer(403), False, "AccessDenied"),
         (Answer(404), False, "ObjectNotFound"),
-        (Answer(302), False, "HttpError"),  # redirects are never followed
+        (Answer(302), False, "redirected:HttpError"),  # redirects are never followed: the caller may look it up
+        (Answer(301), True, "redirected:HttpError"),
+        (Answer(307), False, "redirected:HttpError"),
+        (Answer(308), True, "redirected:HttpError"),
+        (Answer(304), False, "HttpError"),  # not a redirect to anywhere
     ],
 )
 def test_answer_decisions(answer: Answer, whole: bool, expected: str) -> None:

@@ -28,8 +28,9 @@ Contract:
   beyond, before any file is opened); at most ``downstreams_per_file`` downstream nodes per file (named by their
   ``X-Peer-From`` address, else their IP; a node's place is kept a few seconds after its last request, so its
   next part request finds it; 429 beyond, so the next node takes the file from a node further down the chain);
-  the bytes of all answers together are paced by a token bucket at ``upload_rate`` bytes/s (0: no cap). Every
-  byte sent counts in ``on_upload``.
+  the bytes of all answers together are paced by a token bucket at ``upload_rate`` bytes/s (0: no cap), and
+  each answer's socket by the kernel at its share of that rate (``SO_MAX_PACING_RATE``), so they leave evenly
+  rather than in bursts. Every byte sent counts in ``on_upload``.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from __future__ import annotations
 import asyncio
 import os
 import re
+import socket
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import KW_ONLY, InitVar, dataclass, field
@@ -55,6 +57,8 @@ log = structlog.get_logger(__name__)
 CHUNK = 1024 * 1024
 RELAY_POLL_S = 0.05  # how often an answer waiting for bytes looks at the part map (writes wake it sooner)
 RELAY_WAIT_S = 5.0  # no new byte in the file for this long: the answer ends short (the client resumes)
+SO_MAX_PACING_RATE = getattr(socket, "SO_MAX_PACING_RATE", 47)  # Linux >= 3.13; the constant is missing in 3.11
+_PACING_MAX = 2**32 - 1  # the option is a u32 when set as an int
 _DIGEST = re.compile(r"^[0-9a-f]{64}$")
 _RANGE = re.compile(r"^bytes=(\d*)-(\d*)$")
 
@@ -132,13 +136,39 @@ def _regular(mode: int) -> bool:
 
 
 class UploadPacer:
-    """A token bucket of ``rate`` bytes/s shared by every answer (burst: one second's worth); 0: no pacing."""
+    """A token bucket of ``rate`` bytes/s shared by every answer (burst: one second's worth); 0: no pacing.
+
+    Beside the bucket (the hard cap), each answer's socket is paced by the kernel at its share of the rate
+    (``SO_MAX_PACING_RATE``: the rate over the answers sending now), so the bytes leave as an even stream
+    instead of a second's burst of 1 MiB writes: on a link with a short queue a burst overflows it and
+    the drops slow this node's own download on the same link (its ACKs wait behind the burst) as much as
+    the answer.
+    """
 
     def __init__(self, rate: float) -> None:
         self.rate = rate
+        self.answers = 0  # answers sending a body now (their sockets share the rate)
         self._tokens = rate
         self._at = time.monotonic()
         self._lock = asyncio.Lock()
+
+    def share(self) -> int:
+        """Bytes/s each answer's socket is paced at now (0: not paced)."""
+        if self.rate <= 0:
+            return 0
+        return max(1, min(int(self.rate / max(1, self.answers)), _PACING_MAX))
+
+    @staticmethod
+    def pace(sock: object, rate: int) -> bool:
+        """Set the kernel's pacing of ``sock`` to ``rate`` bytes/s; False where the kernel cannot."""
+        setsockopt = getattr(sock, "setsockopt", None)
+        if setsockopt is None:
+            return False
+        try:
+            setsockopt(socket.SOL_SOCKET, SO_MAX_PACING_RATE, rate)
+        except OSError:
+            return False
+        return True
 
     async def take(self, n: int) -> None:
         """Wait until ``n`` bytes may be sent."""
@@ -286,7 +316,25 @@ class PeerServer:
         await resp.prepare(req)
         if req.method == "HEAD":
             return resp
+        self.pacer.answers += 1
+        try:
+            offset = await self._send_body(req, resp, fd, start, end, relay)
+        finally:
+            self.pacer.answers -= 1
+        if offset < end:  # ended short: close the connection, so the client sees it at once and resumes
+            if req.transport is not None:
+                req.transport.close()
+            return resp
+        await resp.write_eof()
+        return resp
+
+    async def _send_body(
+        self, req: web.Request, resp: web.StreamResponse, fd: int, start: int, end: int, relay: Relay | None
+    ) -> int:
+        """Bytes ``[start, end)`` of ``fd`` into the answer, paced; returns where it stopped (``end``: all)."""
         view = DurableView(relay) if relay is not None else None
+        sock = req.transport.get_extra_info("socket") if req.transport is not None else None
+        paced_at = 0
         offset = start
         waited_since = time.monotonic()
         while offset < end:
@@ -304,6 +352,9 @@ class PeerServer:
                     await relay.changed(self.relay_poll_s)  # the next write, or a look at the map on disk
                     continue
                 n = min(n, durable - offset)
+            share = self.pacer.share()
+            if share != paced_at and sock is not None and self.pacer.pace(sock, share):
+                paced_at = share  # the answers sending now changed: this socket's share with them
             await self.pacer.take(n)
             data = await asyncio.to_thread(os.pread, fd, n, offset)
             if not data:
@@ -313,9 +364,4 @@ class PeerServer:
             waited_since = time.monotonic()
             self.uploaded += len(data)
             self.on_upload(len(data))
-        if offset < end:  # ended short: close the connection, so the client sees it at once and resumes
-            if req.transport is not None:
-                req.transport.close()
-            return resp
-        await resp.write_eof()
-        return resp
+        return offset

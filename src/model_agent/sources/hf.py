@@ -18,10 +18,13 @@ Two data paths, by file:
   through httpx into new ``bytes`` objects, measured at about 0.4 GB/s and 2.5 CPU-s/GB on this project's
   reference box against the engine's parallel ranges (``bench/REPORT.md``); Xet-stored files are still served
   by the hub's resolve URL (its bridge answers ranges), so nothing needs ``hf_xet`` here.
-* Small files (git blobs: configs, tokenizers) go through the same engine session, one plain GET each
-  after the same location lookup, checked against their git blob sha1 (``git-sha1``). They went through
-  ``hf_hub_download`` until 2026-12-02: its per-file cost (a lock file, ``.incomplete`` bookkeeping, a
-  second read to verify) made twenty small files take 0.33 s of fetch on the reference box.
+* Small files (git blobs: configs, tokenizers) go through the same engine session, one plain GET each of
+  the resolve URL itself, checked against their git blob sha1 (``git-sha1``): a hub serves git blobs from
+  its own host, so no metadata lookup is made first; one that answers with a redirect (the engine follows
+  none) is looked up as an LFS file's location and asked there, the token again only to the endpoint's
+  host. They went through ``hf_hub_download`` until 2026-12-02: its per-file cost (a lock file,
+  ``.incomplete`` bookkeeping, a second read to verify) made twenty small files take 0.33 s of fetch on the
+  reference box.
 
 With peers on (:mod:`model_agent.peers`), an LFS file is first asked from nodes that hold the model Ready or are
 fetching it (they relay its durable parts), through a second engine session, against the sha256 the hub listed
@@ -61,6 +64,7 @@ from model_agent.transfer import (
     Expected,
     RangedConfig,
     RangedDownloader,
+    Redirected,
     engine_session,
     gather_or_cancel,
     largest_first,
@@ -326,7 +330,10 @@ class HuggingFaceSource:
                                 if got is not None:
                                     progress.peer_bytes += got.fetched_bytes
                             if got is None:
-                                origin_args = (_Location(self, url, token), staged, Expected(remote.size, checks))
+                                # A small file is asked from its resolve URL directly (one GET, no metadata HEAD):
+                                # a hub serves git blobs itself. A redirect is looked up and followed by _from_origin.
+                                where: Any = url if not remote.sha256 else _Location(self, url, token)
+                                origin_args = (where, token, staged, Expected(remote.size, checks))
                                 origin_kw: dict[str, Any] = {
                                     "headers": headers_for,
                                     "state_path": state_path,
@@ -367,8 +374,17 @@ class HuggingFaceSource:
         async with self.peers.session() as engine:
             yield engine
 
-    async def _from_origin(self, engine: RangedDownloader, *args: Any, **kwargs: Any) -> Downloaded:
-        got = await engine.download(*args, **kwargs)
+    async def _from_origin(
+        self, engine: RangedDownloader, where: Any, token: str | None, *args: Any, **kwargs: Any
+    ) -> Downloaded:
+        """One file from the origin; a resolve URL asked directly that answers with a redirect is asked again at
+        the location a metadata lookup finds (huggingface_hub's, which sends the token only to the hub)."""
+        try:
+            got = await engine.download(where, *args, **kwargs)
+        except Redirected:
+            if not isinstance(where, str):
+                raise
+            got = await engine.download(_Location(self, where, token), *args, **kwargs)
         self.on_origin_bytes(got.fetched_bytes)
         return got
 

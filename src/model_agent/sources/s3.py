@@ -368,13 +368,16 @@ class S3Source(store.ObjectStoreFetch):
         # Signing is local, but temporary credentials may need a refresh first (a network call): in a thread.
         presigner = store.SignedUrls(lambda key: asyncio.to_thread(presign, key), PRESIGN_RENEW_S)
 
+        def head_and_sign(key: str) -> tuple[HeadObjectOutputTypeDef, str]:
+            # One thread hop per object for both: a small file's fetch is a few milliseconds, each hop ~0.3.
+            return client.head_object(Bucket=settings.bucket, Key=key, ChecksumMode="ENABLED"), presign(key)
+
         async def prepare(obj: store.RemoteObject) -> store.ObjectGet:
             try:
-                head = await asyncio.to_thread(
-                    client.head_object, Bucket=settings.bucket, Key=obj.key, ChecksumMode="ENABLED"
-                )
+                head, url = await asyncio.to_thread(head_and_sign, obj.key)
             except Exception as exc:
                 raise _classify(exc, settings.label(obj.key), tenant=settings.guard is not None) from exc
+            presigner.signed(obj.key, url)
             return store.ObjectGet(expected_from_head(head), presigner.for_key(obj.key))
 
         return await self.fetch_objects(request, objects, label=settings.label, progress=progress, prepare=prepare)

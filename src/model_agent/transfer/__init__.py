@@ -43,7 +43,8 @@ Guarantees (each one is tested in ``tests/unit/test_transfer_*.py``):
 6. **Never more than asked.** No byte past the part is read into the file, whatever the server sends;
    every ``Content-Range`` / ``Content-Length`` must agree with the expected size. A server that ignores
    ``Range`` is detected on its first whole answer and read as one stream (each retry restarts at 0).
-   No redirect is followed.
+   No redirect is followed: a 3xx answer raises :class:`Redirected` (a ``SourceError``), so a caller that
+   allows one can look the location up through its own checks and ask again.
 7. **Cancellation is prompt and clean.** ``download`` may be cancelled at any ``await``: requests stop
    within one buffer (a flag) or at once when blocked on the network (the socket is shut down), every
    thread that may use the descriptor is waited for, the parts completed so far are recorded, and the
@@ -64,7 +65,7 @@ choice, with the measurements: ``bench/RANGED_HISTORY.md`` and ``docs/performanc
 """
 
 from model_agent.transfer.aio import gather_or_cancel, largest_first, run_all
-from model_agent.transfer.answers import parse_retry_after
+from model_agent.transfer.answers import Redirected, parse_retry_after
 from model_agent.transfer.config import (
     DEFAULT_CONCURRENCY,
     DEFAULT_PART_SIZE,
@@ -92,6 +93,7 @@ __all__ = [
     "HeaderSource",
     "RangedConfig",
     "RangedDownloader",
+    "Redirected",
     "UrlSource",
     "b64_to_hex",
     "engine_session",

@@ -3,7 +3,8 @@
 Role: the engine's decisions about one response, kept apart from the I/O that acts on them.
 :func:`check_answer` classifies status and headers (206 with the exact ``Content-Range`` asked for, 200
 for a whole-file request, 408/429/5xx retried, 429/503 with ``Retry-After``, 412/416 the file changed,
-401/403/404 final); :data:`TRANSIENT` is what the engine retries from the last byte written.
+401/403/404 final, a redirect :class:`Redirected`); :data:`TRANSIENT` is what the engine retries from the
+last byte written.
 """
 
 from __future__ import annotations
@@ -31,6 +32,18 @@ class RangeIgnored(Exception):
 
 class Stopped(Exception):
     """A worker thread saw its request's cancellation flag."""
+
+
+class Redirected(SourceError):
+    """The server answered with a redirect, which the engine never follows (guarantee 6): the caller may look
+    the location up itself (through its own checks) and ask again. ``status`` is the 3xx code."""
+
+    def __init__(self, label: str, status: int) -> None:
+        super().__init__("HttpError", f"{label}: unexpected HTTP {status} (a redirect: not followed)")
+        self.status = status
+
+
+_REDIRECTS = frozenset((301, 302, 303, 307, 308))
 
 
 # Failures of one request that are retried: answers asking for a retry, network and protocol errors. Disk errors
@@ -110,4 +123,6 @@ def check_answer(answer: Answer, label: str, size: int, first: int, end: int, *,
         raise SourceError("AccessDenied", f"{label}: access denied (HTTP {status})")
     if status == 404:
         raise SourceError("ObjectNotFound", f"{label}: not found (HTTP 404)")
+    if status in _REDIRECTS:
+        raise Redirected(label, status)
     raise SourceError("HttpError", f"{label}: unexpected HTTP {status}")
