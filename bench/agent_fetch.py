@@ -23,7 +23,11 @@ process imports and builds everything a fetch needs, then exits without a transf
 "idle" baseline of the memory target. Exit status: 0 fetched and verified, 3 ``VerificationFailed``,
 2 any other source error. One JSON line on stdout says what happened, with ``fetch_user_s`` /
 ``fetch_sys_s``: this process's CPU from just before the fetch to its end (interpreter start-up and imports
-excluded: a running agent pays those once, not per download).
+excluded: a running agent pays those once, not per download). Also excluded, for the same reason, is the
+once-per-process state a running agent has after its first model of the kind (:func:`_warm_process`):
+huggingface_hub's HTTP client (about 25-40 ms to make) and botocore's S3 service model, loaded by one client
+of the same ``S3Source`` for another endpoint (about 80-100 ms); the fetch still makes its own S3 client
+(about 4 ms). Per-model state (the resolve, the listing, the client for this endpoint) is never warmed.
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ import shutil
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 os.environ.setdefault("HF_HUB_DISABLE_XET", "1")
 os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
@@ -60,7 +65,7 @@ async def fetch_s3(args: argparse.Namespace) -> int:
 
     params = {"endpoint": args.endpoint, "anonymous": "true", "addressingStyle": "path", "region": "us-east-1"}
     request = _request(f"s3://{args.bucket}", args.dest, params)
-    source = S3Source()
+    source = _S3_SOURCE or S3Source()
     if args.idle:
         source.client(settings_for(request))  # boto3 imported and a client built, as before a first LIST
         return 0
@@ -115,10 +120,15 @@ async def fetch_ranged(args: argparse.Namespace) -> int:
     return len(listing)
 
 
-def _warm_imports(mode: str) -> None:
-    """Import what the mode's fetch imports lazily (the libraries are imported at first use by the agent)."""
+_S3_SOURCE: Any = None  # the S3 source of the process, made by _warm_process (as the agent has one)
+
+
+def _warm_process(mode: str) -> None:
+    """What a running agent has before a download of this kind: the libraries the fetch imports lazily, and the
+    process-wide state its first model of the kind made (see the module docstring); nothing of this model."""
     import importlib
 
+    global _S3_SOURCE
     names = {
         "s3": ["model_agent.sources.s3", "boto3", "botocore.client"],
         "hf": ["model_agent.sources.hf", "huggingface_hub", "huggingface_hub.hf_api", "huggingface_hub.file_download"],
@@ -126,6 +136,19 @@ def _warm_imports(mode: str) -> None:
     }[mode]
     for name in names:
         importlib.import_module(name)
+    if mode == "s3":
+        from model_agent.sources.s3 import S3Source, settings_for
+
+        _S3_SOURCE = S3Source()
+        # an earlier model's client (another endpoint, so not the one the fetch uses): no request is made
+        earlier = _request(
+            "s3://earlier", Path("/nonexistent"), {"endpoint": "http://127.0.0.1:9", "anonymous": "true"}
+        )
+        _S3_SOURCE.client(settings_for(earlier))
+    elif mode == "hf":
+        from huggingface_hub import get_session
+
+        get_session()
 
 
 def main() -> int:
@@ -142,7 +165,7 @@ def main() -> int:
     args = ap.parse_args()
     args.dest = args.dest.resolve()
     run = {"s3": fetch_s3, "hf": fetch_hf, "ranged": fetch_ranged}[args.mode]
-    _warm_imports(args.mode)  # a running agent has them loaded: the timed fetch below excludes them
+    _warm_process(args.mode)  # a running agent has these: the timed fetch below excludes them
     before = resource.getrusage(resource.RUSAGE_SELF)
     started = time.monotonic()
     try:

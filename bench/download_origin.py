@@ -15,8 +15,9 @@ Faces (one server, one port):
   every range to the listed ETag) and listing-vs-HEAD comparisons agree. nginx ETags are not MD5s (they
   contain ``-``, so S3 clients treat them as multipart and do not check them as MD5); HEAD answers carry
   ``x-amz-checksum-sha256`` + ``x-amz-checksum-type: FULL_OBJECT`` instead, the strongest checksum an S3
-  store publishes. Only HEAD carries them: a ranged GET with a whole-object checksum would make botocore
-  validate a part against the whole.
+  store publishes. HEAD carries them, and a whole GET (no ``Range``) sent with ``x-amz-checksum-mode: ENABLED``, as
+  S3 does (the agent's one-request path for small objects reads them there); a ranged GET never does: a
+  whole-object checksum on a part would make botocore validate the part against the whole.
 * Hub: ``/api/models/bench/<bucket>[/revision/<rev>]`` (model info with the commit ``sha``),
   ``/api/models/bench/<bucket>/tree/<rev>`` (files with size, blob ``oid`` and, for ``*.safetensors``,
   ``lfs.oid`` = sha256), and ``/bench/<bucket>/resolve/<rev>/<file>`` with ``X-Repo-Commit`` plus, for LFS
@@ -120,7 +121,9 @@ def nginx_config(data: DataSet, work: Path, port: int) -> str:
         commits.append(f"    {bucket} {hub_commit(data, bucket)};")
         for f in data.bucket(bucket):
             b64 = base64.b64encode(bytes.fromhex(f.sha256)).decode()
-            s3_checksum.append(f'    "HEAD /{bucket}/{f.path}" "{b64}";')
+            for mode in ("on", "off"):  # HEAD always carries them; a GET only whole and with checksum mode on
+                s3_checksum.append(f'    "{mode} HEAD /{bucket}/{f.path}" "{b64}";')
+            s3_checksum.append(f'    "on GET /{bucket}/{f.path}" "{b64}";')
             if f.lfs:
                 hub_etag.append(f'    "{bucket}/{f.path}" "\\"{f.sha256}\\"";')
                 hub_size.append(f'    "{bucket}/{f.path}" "{f.size}";')
@@ -144,7 +147,8 @@ http {{
   fastcgi_temp_path {state}/fastcgi;
   uwsgi_temp_path {state}/uwsgi;
   scgi_temp_path {state}/scgi;
-  map "$request_method $uri" $s3_sha256 {{
+  map "$http_x_amz_checksum_mode|$http_range" $s3_mode {{ default "off"; "ENABLED|" "on"; }}
+  map "$s3_mode $request_method $uri" $s3_sha256 {{
     default "";
 {nl.join(s3_checksum)}
   }}

@@ -13,6 +13,7 @@ from model_agent.sources.base import FetchRequest, SourceError
 from model_agent.sources.objects import clean_staging
 from model_agent.sources.s3 import (
     S3Credentials,
+    checksums_of_answer,
     credentials_from_secret,
     expected_from_head,
     settings_for,
@@ -95,6 +96,21 @@ def test_multipart_object_checks() -> None:
     md5 = hashlib.md5(b"all of it").digest()
     rclone = {"ContentLength": 9, "ETag": '"abc-5"', "Metadata": {"md5chksum": b64(md5)}}
     assert expected_from_head(rclone).checksums == {"md5": md5.hex()}
+
+
+def test_a_get_answer_is_read_by_the_rules_of_a_head() -> None:
+    """A small object is one GET with checksum mode: its headers decide what is checked, exactly as a HEAD's would."""
+    data = b"config"
+    md5 = hashlib.md5(data).hexdigest()
+    sha = hashlib.sha256(data).digest()
+    single = checksums_of_answer(6, f'"{md5}"')
+    assert single({"x-amz-checksum-sha256": b64(sha)}) == {"md5": md5, "sha256": sha.hex()}
+    assert single({"x-amz-server-side-encryption": "aws:kms"}) == {}  # a KMS ETag is not an MD5
+    assert single({"x-amz-server-side-encryption-customer-algorithm": "AES256"}) == {}
+    multipart = checksums_of_answer(6, '"abc-2"')
+    assert multipart({"x-amz-checksum-sha256": b64(sha)}) == {}  # composite unless the answer says otherwise
+    assert multipart({"x-amz-checksum-sha256": b64(sha), "x-amz-checksum-type": "FULL_OBJECT"}) == {"sha256": sha.hex()}
+    assert multipart({"x-amz-meta-md5chksum": b64(bytes.fromhex(md5))}) == {"md5": md5}
 
 
 def test_staging_keeps_only_what_this_fetch_produces(tmp_path: Path) -> None:

@@ -14,7 +14,7 @@ import ssl
 import sys
 import time
 import zlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -29,7 +29,7 @@ from cryptography.x509.oid import NameOID
 
 from model_agent.local.capacity import CapacityRegistry, DiskReserve, DiskUsage
 from model_agent.sources.base import SourceError
-from model_agent.transfer import Expected, RangedConfig, RangedDownloader, hashing, job, splice
+from model_agent.transfer import Expected, RangedConfig, RangedDownloader, fetched_in_one_request, hashing, job, splice
 from tests.support.waiting import eventually
 
 KiB = 1024
@@ -57,6 +57,7 @@ class Origin:
         self.signatures: list[str] = []  # X-Signature of every request that had one
         self.targets: list[str] = []  # request targets as sent (absolute when the client talks to a proxy)
         self.hosts: list[str] = []
+        self.answer_headers: dict[str, str] = {}  # added to every 200/206 answer
         self.runner: web.AppRunner | None = None
         self.url = ""
 
@@ -97,7 +98,7 @@ class Origin:
             return self._answer(412)
         size = len(self.data)
         start, end, status = 0, size - 1, 200
-        headers = {"ETag": self.etag, "Accept-Ranges": "bytes"}
+        headers = {"ETag": self.etag, "Accept-Ranges": "bytes", **self.answer_headers}
         if rng and not self.ignore_range:
             first, _, last = rng.removeprefix("bytes=").partition("-")
             start, end = int(first), min(size - 1, int(last)) if last else size - 1
@@ -360,6 +361,51 @@ async def test_small_file_with_a_flipped_byte_is_refused_and_deleted(tmp_path: P
         await origin.stop()
     assert err.value.reason == "VerificationFailed" and "sha256" in err.value.message
     assert not dest.exists() and not Path(f"{dest}.parts.json").exists()
+
+
+def _stated_md5(headers: Mapping[str, str]) -> Mapping[str, str]:
+    return {"md5": headers["x-content-md5"]} if "x-content-md5" in headers else {}
+
+
+async def test_a_small_file_is_verified_against_the_checksums_its_answer_states(tmp_path: Path) -> None:
+    """One request, no HEAD: the answer's own checksum (read from its headers before the body is hashed) is checked;
+    a byte flipped in the body, or a stated checksum that is not the body's, fails verification and leaves nothing."""
+    data = os.urandom(120 * KiB)
+    md5 = hashlib.md5(data).hexdigest()
+    expected = Expected(len(data), validator='"v1"', checksums_from_answer=_stated_md5)
+    origin = await origin_for(data)
+    try:
+        origin.answer_headers = {"X-Content-MD5": md5.upper()}
+        got = await engine(FAST).download(origin.url, tmp_path / "ok", expected)
+        assert got.digests == {"md5": md5, "sha256": hashlib.sha256(data).hexdigest()}
+        assert origin.ranges == [None]
+        origin.flip_at = 1000
+        with pytest.raises(SourceError) as flipped:
+            await engine(FAST).download(origin.url, tmp_path / "flipped", expected)
+        origin.flip_at = None
+        origin.answer_headers = {"X-Content-MD5": hashlib.md5(b"another").hexdigest()}
+        with pytest.raises(SourceError) as lied:
+            await engine(FAST).download(origin.url, tmp_path / "lied", expected)
+    finally:
+        await origin.stop()
+    for err in (flipped, lied):
+        assert err.value.reason == "VerificationFailed" and "md5" in err.value.message
+    assert not (tmp_path / "flipped").exists() and not (tmp_path / "lied").exists()
+
+
+async def test_checksums_from_the_answer_are_refused_for_a_file_of_several_parts(tmp_path: Path) -> None:
+    """A ranged answer does not describe the whole object: only a file fetched in one request may take them."""
+    data = os.urandom(3 * FAST.part_size)
+    assert not fetched_in_one_request(len(data), FAST.part_size)
+    origin = await origin_for(data)
+    try:
+        with pytest.raises(ValueError, match="one request"):
+            await engine(FAST).download(
+                origin.url, tmp_path / "f", Expected(len(data), checksums_from_answer=_stated_md5)
+            )
+    finally:
+        await origin.stop()
+    assert origin.ranges == []
 
 
 async def test_empty_file_needs_no_request(tmp_path: Path) -> None:

@@ -147,7 +147,7 @@ class UploadPacer:
 
     def __init__(self, rate: float) -> None:
         self.rate = rate
-        self.answers = 0  # answers sending a body now (their sockets share the rate)
+        self.answers = 0  # answers sending a body now, not waiting for a relayed file's bytes (they share the rate)
         self._tokens = rate
         self._at = time.monotonic()
         self._lock = asyncio.Lock()
@@ -349,7 +349,12 @@ class PeerServer:
                 if durable <= offset:
                     if time.monotonic() - waited_since > self.relay_wait_s:
                         break
-                    await relay.changed(self.relay_poll_s)  # the next write, or a look at the map on disk
+                    # Waiting for bytes, this answer sends nothing: its share goes to the answers that do meanwhile.
+                    self.pacer.answers -= 1
+                    try:
+                        await relay.changed(self.relay_poll_s)  # the next write, or a look at the map on disk
+                    finally:
+                        self.pacer.answers += 1
                     continue
                 n = min(n, durable - offset)
             share = self.pacer.share()

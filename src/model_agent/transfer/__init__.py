@@ -17,8 +17,10 @@ Guarantees (each one is tested in ``tests/unit/test_transfer_*.py``):
 1. **Verified or not there.** :meth:`RangedDownloader.download` returns only after the file's size matches
    and its sha256 (always; the manifest keeps it) and every checksum the source supplied (``md5``,
    ``sha1``, ``sha256``, ``crc32``, ``crc32c``, ``git-sha1``) were computed over the file as it is on disk and match,
-   and the file was fsynced. A mismatch deletes the file and its part map and raises ``VerificationFailed``.
-   Bodies are taken as stored (no decompression): the bytes written are the bytes hashed.
+   and the file was fsynced. For a file fetched in one request, the source may let the answer state more of them
+   (``Expected.checksums_from_answer``, read from its headers before a byte of its body is hashed). A mismatch
+   deletes the file and its part map and raises ``VerificationFailed``. Bodies are taken as stored (no
+   decompression): the bytes written are the bytes hashed.
 2. **Resume re-fetches at most the parts in flight.** Progress is a part map (:mod:`.partmap`) replaced
    atomically; a part is recorded only after its bytes were written and, with ``durable`` (default),
    fdatasync-ed, so after a crash of the process or the node the map never claims bytes that are not on
@@ -78,6 +80,7 @@ from model_agent.transfer.config import (
 )
 from model_agent.transfer.engine import RangedDownloader, engine_session
 from model_agent.transfer.hashing import SUPPORTED_CHECKSUMS, b64_to_hex, file_checksums
+from model_agent.transfer.job import fetched_in_one_request
 from model_agent.transfer.partmap import PARTS_DIR, part_map_name, part_map_path
 from model_agent.transfer.transport import CONNECT_GUARD
 
@@ -97,6 +100,7 @@ __all__ = [
     "UrlSource",
     "b64_to_hex",
     "engine_session",
+    "fetched_in_one_request",
     "file_checksums",
     "gather_or_cancel",
     "largest_first",

@@ -50,12 +50,17 @@ class Expected:
 
     ``checksums`` maps an algorithm of :data:`~model_agent.transfer.hashing.SUPPORTED_CHECKSUMS` to its hex
     digest (``crc32``: 8 hex digits, big-endian). ``validator`` (e.g. an ETag, quotes included) is sent as
-    ``If-Match`` and stored in the part map: progress recorded under another validator is discarded.
+    ``If-Match`` and stored in the part map: progress recorded under another validator is discarded. With
+    ``validator`` set, the answer's own checksums (``checksums_from_answer``) describe the validated object.
     """
 
     size: int
     checksums: Mapping[str, str] = field(default_factory=dict)
     validator: str | None = None
+    # Checksums the answer itself states (e.g. an object store's x-amz-checksum-* headers on a GET), from its
+    # headers, for a file fetched in one request (:func:`~model_agent.transfer.fetched_in_one_request`): the
+    # first answer's are added to ``checksums`` (those given win) before a byte of its body is hashed.
+    checksums_from_answer: Callable[[Mapping[str, str]], Mapping[str, str]] | None = None
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import http.client
 import os
 import random
@@ -32,7 +33,7 @@ from model_agent.transfer.aio import Io, run_all, settle
 from model_agent.transfer.answers import TRANSIENT, Answer, RangeIgnored, Retry, Stopped, check_answer, describe
 from model_agent.transfer.config import Downloaded, Expected, HeaderSource, UrlSource
 from model_agent.transfer.disk import disk_error, preallocate
-from model_agent.transfer.hashing import HASH_STEP, OrderedHash, new_hasher
+from model_agent.transfer.hashing import HASH_STEP, SUPPORTED_CHECKSUMS, OrderedHash, new_hasher
 from model_agent.transfer.partmap import PartMap
 from model_agent.transfer.splice import (
     FileWriteError,
@@ -56,6 +57,13 @@ RELAY_STEP = 1  # ... but every write when a relay passes them on as they land (
 # 1-500 KiB on a reused engine went from 36 to 30.5 ms of CPU; the hops alone were most of the rest of the gap to a
 # bare one-call-per-file loop (11 ms).
 SMALL_FILE = 4 * MiB
+
+
+def fetched_in_one_request(size: int, part_size: int) -> bool:
+    """Whether a file of ``size`` bytes is fetched by one GET per attempt (the small path), with parts of
+    ``part_size``: only such a file can take checksums from its answer (``Expected.checksums_from_answer``)."""
+    return 0 < size <= min(SMALL_FILE, part_size)
+
 
 _pwrite_all = pwrite_all  # the copying path's writes (a name of this module: tests fill the disk through it)
 
@@ -196,8 +204,10 @@ class Job:
     # ------------------------------------------------------------------ run
 
     async def run(self) -> Downloaded:
-        if 0 < self.size <= min(SMALL_FILE, self.cfg.part_size):  # (an empty file needs no request: the part path)
+        if fetched_in_one_request(self.size, self.cfg.part_size):  # (an empty file needs no request: the part path)
             return await self._run_small()
+        if self.expected.checksums_from_answer is not None:
+            raise ValueError(f"{self.label}: checksums from the answer need a file fetched in one request")
         try:
             already = await self.io.run(self._open)
         except BaseException:
@@ -248,8 +258,21 @@ class Job:
                 self.state_path.unlink(missing_ok=True)
                 self.state = PartMap.fresh(self.size, self.cfg.part_size, self.expected.validator)
                 self.resumed = 0
-        self._request(slot, url, headers, span, whole, stop, splice=False)
+        self._request(slot, url, headers, span, whole, stop, splice=False, settle=True)
         return self._hash_rest_and_check()
+
+    def _settle_checksums(self, resp: http.client.HTTPResponse) -> None:
+        """Small path, worker thread, before the first byte of the body is hashed: add the checksums the answer
+        states (``Expected.checksums_from_answer``) to what the file is verified against, with their hashers."""
+        stated = self.expected.checksums_from_answer
+        if stated is None or self.ordered.pos != 0:
+            return  # (a retry after bytes were hashed: the first answer settled them, for the same validator)
+        headers = {k.lower(): v for k, v in resp.getheaders()}
+        found = {alg: value.lower() for alg, value in stated(headers).items() if alg in SUPPORTED_CHECKSUMS}
+        checksums = {**found, **self.expected.checksums}
+        self.expected = dataclasses.replace(self.expected, checksums=checksums, checksums_from_answer=None)
+        self.algorithms = sorted({"sha256", *checksums})
+        self.ordered = OrderedHash([new_hasher(alg, self.size) for alg in self.algorithms], self._hash_advanced)
 
     def _hash_rest_and_check(self) -> list[str]:
         """Any thread, once every byte is in the file: hash what the buffers did not (nothing, copying in order;
@@ -443,9 +466,11 @@ class Job:
         stop: threading.Event,
         *,
         splice: bool = True,
+        settle: bool = False,
     ) -> None:
         """Worker thread: send the GET, check the answer, move the body to the file (spliced when ``splice`` and
-        the kernel allows it, else copied through the slot's buffer)."""
+        the kernel allows it, else copied through the slot's buffer); with ``settle`` (the small path), the
+        answer's own checksums are taken first (:meth:`_settle_checksums`)."""
         try:
             key = slot.transport.key_of(url)
             resp = slot.transport.get(url, headers)
@@ -456,6 +481,8 @@ class Job:
         reusable = False
         try:
             check_answer(Answer.of(resp), self.label, self.size, span.pos, span.end, whole=whole)
+            if settle:
+                self._settle_checksums(resp)
             sock = plain_socket(resp, slot.transport.active_socket()) if splice and self.dl._splice else None
             if sock is not None:
                 self._splice_body(resp, sock, span, slot, stop)
