@@ -8,6 +8,7 @@ import hashlib
 import json
 import os
 import struct
+import zlib
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,8 +19,8 @@ import pytest
 from model_agent.local.capacity import CapacityRegistry, DiskReserve, DiskUsage
 from model_agent.local.manifest import Manifest
 from model_agent.sources.base import FetchRequest, Progress, SourceError, publish
-from model_agent.sources.s3 import S3Source
-from model_agent.transfer import PARTS_DIR, RangedConfig, part_map_name
+from model_agent.sources.s3 import CHECKSUM_MODE_HEADER, S3Source, checksums_of_answer
+from model_agent.transfer import PARTS_DIR, Expected, RangedConfig, engine_session, part_map_name
 from testbed.servers.moto import MotoServer, create_bucket, upload_objects
 
 pytestmark = pytest.mark.e2e
@@ -94,6 +95,37 @@ def object_gets(s3: MotoServer, since: int) -> list[str]:
     return [r.path for r in s3.requests(since) if r.method == "GET" and r.path.startswith(f"/{BUCKET}/")]
 
 
+async def test_a_small_objects_get_states_its_checksums_and_they_are_checked(s3: MotoServer, tmp_path: Path) -> None:
+    """moto answers a GET signed with checksum mode with the object's checksums, as S3 does: the one-request path
+    checks the CRC32 the object was stored with and its single-part ETag as an MD5, and refuses a lying answer."""
+    client = s3.client()
+    data = b'{"small": true}\n' * 64
+    key = "checked/small.json"
+    client.put_object(Bucket=BUCKET, Key=key, Body=data, ChecksumAlgorithm="CRC32")
+    etag = client.head_object(Bucket=BUCKET, Key=key)["ETag"]
+    params = {"Bucket": BUCKET, "Key": key, "ChecksumMode": "ENABLED"}
+    url = client.generate_presigned_url("get_object", Params=params, ExpiresIn=600)
+    expected = Expected(len(data), validator=etag, checksums_from_answer=checksums_of_answer(len(data), etag))
+    async with engine_session(RangedConfig()) as engine:
+        got = await engine.download(url, tmp_path / "small.json", expected, headers=CHECKSUM_MODE_HEADER)
+    assert got.digests["crc32"] == f"{zlib.crc32(data):08x}"
+    assert got.digests["md5"] == hashlib.md5(data).hexdigest() == etag.strip('"')
+    assert got.requests == 1
+
+    def lying(headers: Any) -> dict[str, str]:
+        return {"crc32": "00000000"}
+
+    async with engine_session(RangedConfig()) as engine:
+        with pytest.raises(SourceError) as err:
+            await engine.download(
+                url,
+                tmp_path / "lied.json",
+                Expected(len(data), checksums_from_answer=lying),
+                headers=CHECKSUM_MODE_HEADER,
+            )
+    assert err.value.reason == "VerificationFailed" and not (tmp_path / "lied.json").exists()
+
+
 async def test_fetch_publish_then_refetch_nothing(s3: MotoServer, tmp_path: Path) -> None:
     counted = Counted()
     src = source(counted)
@@ -102,9 +134,12 @@ async def test_fetch_publish_then_refetch_nothing(s3: MotoServer, tmp_path: Path
     result = await src.fetch(req)
     assert sorted(result.staged) == ["config.json", "model.safetensors", "shards/big.bin"]
     assert counted.operations["ListObjectsV2"] == 2  # 3 keys + the folder marker, 2 per page
-    assert counted.operations["HeadObject"] == 3
+    # Only the large object is HEADed: a small one (fetched in one request) is one GET with checksum mode, its
+    # checksums read from that answer.
+    assert counted.operations["HeadObject"] == 1
     gets = object_gets(s3, mark)
     assert sum("big.bin" in g for g in gets) == 5  # 40 MiB in 8 MiB ranges
+    assert sum("/config.json" in g for g in gets) == 1 and sum("model.safetensors" in g for g in gets) == 1
     assert not any("not-mine" in g for g in gets)  # "tiny2/" is not under "tiny/"
 
     files = publish(req, result)
