@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 from aiohttp import web
 
+from model_agent.local.manifest import FileRecord
 from model_agent.sources import hf as hf_module
 from model_agent.sources.base import FetchRequest, SourceError
 from model_agent.sources.hf import HuggingFaceSource
@@ -200,6 +201,13 @@ async def test_weights_start_largest_first(
     assert order == ["model.safetensors", "shards/part-2.safetensors", "adapter.safetensors"]
 
 
+async def fetched_record(f: Fakes, tmp_path: Path, path: str) -> tuple[FetchRequest, FileRecord]:
+    """The whole model fetched; the request and the record of ``path``."""
+    req = request_for(tmp_path)
+    result = await source(f).fetch(req)
+    return req, next(r for r in result.files if r.path == path)
+
+
 async def test_small_files_come_through_the_engine_checked_against_their_git_blob_id(
     fakes: tuple[Fakes, dict[str, bytes]], tmp_path: Path
 ) -> None:
@@ -207,9 +215,7 @@ async def test_small_files_come_through_the_engine_checked_against_their_git_blo
     with the token (it goes to the hub), verified by its git blob sha1, with no huggingface_hub download
     bookkeeping left in staging."""
     f, files = fakes
-    req = request_for(tmp_path)
-    result = await source(f).fetch(req)
-    config = next(r for r in result.files if r.path == "config.json")
+    req, config = await fetched_record(f, tmp_path, "config.json")
     assert config.git_sha1 == git_sha1(files["config.json"])
     assert config.sha256 == hashlib.sha256(files["config.json"]).hexdigest()
     asked = [(s.method, s.range, s.authorization) for s in f.hub if s.path.endswith("/config.json")]
@@ -223,9 +229,7 @@ async def test_a_small_file_whose_resolve_url_redirects_is_fetched_from_the_loca
     """The engine follows no redirect: the source looks the location up (one HEAD) and asks there, and the token
     stays with the hub."""
     f, files = fakes
-    req = request_for(tmp_path)
-    result = await source(f).fetch(req)
-    moved = next(r for r in result.files if r.path == "moved_small.txt")
+    req, moved = await fetched_record(f, tmp_path, "moved_small.txt")
     assert moved.git_sha1 == git_sha1(files["moved_small.txt"])
     assert (req.staging / "moved_small.txt").read_bytes() == files["moved_small.txt"]
     assert [s.method for s in f.hub if s.path.endswith("/moved_small.txt")] == ["GET", "HEAD"]
