@@ -26,8 +26,8 @@ process imports and builds everything a fetch needs, then exits without a transf
 excluded: a running agent pays those once, not per download). Also excluded, for the same reason, is the
 once-per-process state a running agent has after its first model of the kind (:func:`_warm_process`):
 huggingface_hub's HTTP client (about 25-40 ms to make) and botocore's S3 service model, loaded by one client
-of the same ``S3Source`` for another endpoint (about 80-100 ms); the fetch still makes its own S3 client
-(about 4 ms). Per-model state (the resolve, the listing, the client for this endpoint) is never warmed.
+of the same ``S3Source`` for another endpoint (about 80-100 ms), and its first request (a listing of another
+bucket, about 10 ms); the fetch still makes its own S3 client (about 4 ms) and connections. Per-model state (the resolve, the listing, the client for this endpoint) is never warmed.
 """
 
 from __future__ import annotations
@@ -123,7 +123,7 @@ async def fetch_ranged(args: argparse.Namespace) -> int:
 _S3_SOURCE: Any = None  # the S3 source of the process, made by _warm_process (as the agent has one)
 
 
-def _warm_process(mode: str) -> None:
+def _warm_process(mode: str, endpoint: str = "") -> None:
     """What a running agent has before a download of this kind: the libraries the fetch imports lazily, and the
     process-wide state its first model of the kind made (see the module docstring); nothing of this model."""
     import importlib
@@ -140,11 +140,15 @@ def _warm_process(mode: str) -> None:
         from model_agent.sources.s3 import S3Source, settings_for
 
         _S3_SOURCE = S3Source()
-        # an earlier model's client (another endpoint, so not the one the fetch uses): no request is made
-        earlier = _request(
-            "s3://earlier", Path("/nonexistent"), {"endpoint": "http://127.0.0.1:9", "anonymous": "true"}
-        )
-        _S3_SOURCE.client(settings_for(earlier))
+        # An earlier model: another bucket, listed through a client of its own (the same origin under another
+        # name, so neither the client nor its connections are the ones the fetch uses). Its first request loads
+        # what botocore loads once per process (paginators, parsers, endpoint rules: about 10 ms).
+        other = endpoint.replace("127.0.0.1", "localhost") if "127.0.0.1" in endpoint else None
+        params = {"endpoint": other or "http://127.0.0.1:9", "anonymous": "true", "addressingStyle": "path"}
+        earlier = settings_for(_request("s3://w1", Path("/nonexistent"), {**params, "region": "us-east-1"}))
+        client = _S3_SOURCE.client(earlier)
+        if other is not None:
+            _S3_SOURCE.list_objects(client, earlier)
     elif mode == "hf":
         from huggingface_hub import get_session
 
@@ -165,7 +169,7 @@ def main() -> int:
     args = ap.parse_args()
     args.dest = args.dest.resolve()
     run = {"s3": fetch_s3, "hf": fetch_hf, "ranged": fetch_ranged}[args.mode]
-    _warm_process(args.mode)  # a running agent has these: the timed fetch below excludes them
+    _warm_process(args.mode, args.endpoint or "")  # a running agent has these: the timed fetch below excludes them
     before = resource.getrusage(resource.RUSAGE_SELF)
     started = time.monotonic()
     try:
