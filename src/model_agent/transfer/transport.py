@@ -108,10 +108,19 @@ class SlotTransport:
         self._active: socket.socket | None = None
         self._lock = threading.Lock()
         self._connect = CONNECT_GUARD.get()  # made in the fetch's context (the engine makes slots there)
+        self._last_route: tuple[str, Route] | None = None  # key_of then get for one request: one lookup
+
+    def _route(self, url: str) -> Route:
+        last = self._last_route
+        if last is not None and last[0] == url:
+            return last[1]
+        route = route_for(url)  # (reads the proxy environment: about 50 us)
+        self._last_route = (url, route)
+        return route
 
     def get(self, url: str, headers: Mapping[str, str]) -> http.client.HTTPResponse:
         """Send ``GET url`` and return the response (headers read, body not yet)."""
-        route = route_for(url)
+        route = self._route(url)
         fresh = route.key not in self._conns
         try:
             conn = self._conns.get(route.key) or self._connection(route)
@@ -169,7 +178,7 @@ class SlotTransport:
             return self._active
 
     def key_of(self, url: str) -> tuple[str, str, int, tuple[str, int] | None]:
-        return route_for(url).key
+        return self._route(url).key
 
     def drop(self, key: tuple[str, str, int, tuple[str, int] | None]) -> None:
         """Close the connection for ``key`` (its response was not read to the end: it cannot be reused)."""
