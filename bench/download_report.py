@@ -382,7 +382,7 @@ def markdown(suite: Row, runs: list[Row], found: list[Row]) -> str:
         f"{cfg.get('shards')} x {cfg.get('shard_mib')} MiB + 1 x {cfg.get('big_mib')} MiB `*.safetensors` "
         "(seeded random) + 20 small JSON/tokenizer files of 1-500 KiB, warmed into page cache.",
         f"- Origin: {suite.get('origin_version')} (`worker_processes 1`, `sendfile on`, `access_log off`) on "
-        "127.0.0.1 serving plain HTTP, path-style S3 (pre-built ListObjectsV2, `x-amz-checksum-sha256` on HEAD) "
+        "127.0.0.1 serving plain HTTP, path-style S3 (pre-built ListObjectsV2, `x-amz-checksum-sha256` on HEAD and on whole GETs with checksum mode) "
         "and a Hub-shaped API (revision/tree JSON, `resolve` with `X-Repo-Commit`, `X-Linked-Etag` = sha256). "
         "W4-W6 go through a Python fault proxy (testbed/proxies/streamfaultproxy.py) in front of it.",
         f"- Destinations: tmpfs (`{cfg.get('tmpfs')}`) and disk (`{cfg.get('disk')}`). On disk every run "
