@@ -277,6 +277,22 @@ def _alive_and_ours(pid: int, marker: str) -> bool:
     return pid > 0 and marker in _cmdline(pid)
 
 
+def _how_it_ended(pid: int) -> str:
+    """Why a component is gone, as far as this process can tell: its exit status when it was our child (a
+    component that died with an empty log was most likely killed by a signal), else what /proc says."""
+    try:
+        waited, status = os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        waited, status = 0, 0
+    if waited == pid:
+        if os.WIFSIGNALED(status):
+            return f"killed by signal {os.WTERMSIG(status)}"
+        return f"exit status {os.waitstatus_to_exitcode(status)}"
+    if Path(f"/proc/{pid}").exists():
+        return f"pid {pid} runs, but its command line does not name the state directory: {_cmdline(pid)[:200]!r}"
+    return f"pid {pid} gone, not a child of this process"
+
+
 def _stop_pid(pid: int, marker: str, deadline_s: float = STOP_TIMEOUT_S) -> None:
     if not _alive_and_ours(pid, marker):
         return
@@ -518,7 +534,8 @@ async def poll_until_ready(
     while True:
         for name, pid in pids.items():
             if not _alive_and_ours(pid, str(state_dir)):
-                raise ControlPlaneError(f"{name} exited during start-up: see {state_dir / (name + '.log')}")
+                how = _how_it_ended(pid)
+                raise ControlPlaneError(f"{name} exited during start-up ({how}): see {state_dir / (name + '.log')}")
         try:
             reason = await probe()
             if reason is None:
