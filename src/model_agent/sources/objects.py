@@ -231,10 +231,6 @@ class SignedUrls:
         self._urls[key] = (url, now)
         return url
 
-    def signed(self, key: str, url: str) -> None:
-        """Take a URL signed just now by the caller (e.g. in the same thread hop as its HEAD) as the key's own."""
-        self._urls[key] = (url, time.monotonic())
-
     def for_key(self, key: str) -> Callable[[], Awaitable[str]]:
         return lambda: self.url(key)
 

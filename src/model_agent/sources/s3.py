@@ -420,10 +420,6 @@ class S3Source(store.ObjectStoreFetch):
 
         checked = store.SignedUrls(lambda key: asyncio.to_thread(presign_checked, key), PRESIGN_RENEW_S)
 
-        def head_and_sign(key: str) -> tuple[HeadObjectOutputTypeDef, str]:
-            # One thread hop per object for both: a small file's fetch is a few milliseconds, each hop ~0.3.
-            return client.head_object(Bucket=settings.bucket, Key=key, ChecksumMode="ENABLED"), presign(key)
-
         async def prepare(obj: store.RemoteObject) -> store.ObjectGet:
             if fetched_in_one_request(obj.size, self.ranged.part_size):
                 # One request: the GET's own headers say what a HEAD would (If-Match pins it to the listing).
@@ -432,10 +428,11 @@ class S3Source(store.ObjectStoreFetch):
                 )
                 return store.ObjectGet(expected, checked.for_key(obj.key), CHECKSUM_MODE_HEADER)
             try:
-                head, url = await asyncio.to_thread(head_and_sign, obj.key)
+                head = await asyncio.to_thread(
+                    client.head_object, Bucket=settings.bucket, Key=obj.key, ChecksumMode="ENABLED"
+                )
             except Exception as exc:
                 raise _classify(exc, settings.label(obj.key), tenant=settings.guard is not None) from exc
-            presigner.signed(obj.key, url)
             return store.ObjectGet(expected_from_head(head), presigner.for_key(obj.key))
 
         return await self.fetch_objects(request, objects, label=settings.label, progress=progress, prepare=prepare)
