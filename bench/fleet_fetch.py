@@ -444,6 +444,14 @@ async def cell(mode: str, n: int, args: argparse.Namespace, work: Path, mirrors:
                     int(m.get("model_agent_peer_upload_bytes_total", 0.0)) for m in metrics
                 ],
                 "peers_banned_per_agent": [int(m.get("model_agent_peers_banned_total", 0.0)) for m in metrics],
+                "peer_requests_per_agent": [
+                    {
+                        k.split("{", 1)[1].rstrip("}"): int(v)
+                        for k, v in m.items()
+                        if k.startswith("model_agent_peer_requests_total{")
+                    }
+                    for m in metrics
+                ],
                 "link_upload_bytes_per_agent": sampler.uploaded(),
                 "link_download_bytes_per_agent": sampler.downloaded(),
                 "peak_upload_b_s_per_agent": {

@@ -25,6 +25,7 @@ import structlog
 from model_agent.agent.origin_slots import OriginSlots
 from model_agent.kube.client import ApiError, ApiUnavailable, KubeClient
 from model_agent.kube.resources import CONFIGMAPS
+from model_agent.transfer.aio import enter_unless
 
 log = structlog.get_logger(__name__)
 
@@ -35,12 +36,19 @@ class ResolveCache:
     """The cluster-wide record of resolved revisions (see the module contract); ``hits``/``misses`` are counted."""
 
     def __init__(
-        self, client: KubeClient, namespace: str, *, lock: OriginSlots | None = None, ttl_s: float = 600.0
+        self,
+        client: KubeClient,
+        namespace: str,
+        *,
+        lock: OriginSlots | None = None,
+        ttl_s: float = 600.0,
+        poll_s: float = 0.5,
     ) -> None:
         self._client = client
         self._namespace = namespace
         self._ttl_s = ttl_s
         self._lock = lock  # a one-slot Lease per source: one node of the cluster resolves at a time
+        self._poll_s = poll_s  # how often a node waiting for the lock looks for the record
         self.hits = 0
         self.misses = 0
 
@@ -49,7 +57,8 @@ class ResolveCache:
     ) -> tuple[str, list[dict[str, Any]]]:
         """The commit and file list of ``uri`` at ``revision``: from the record, or from ``compute`` (then recorded).
 
-        With a lock, one node of the cluster computes at a time and the others read its record afterwards.
+        With a lock, one node of the cluster computes at a time and the others read its record afterwards: a node
+        waiting for the lock looks for the record every ``poll_s`` and stops waiting once it is there.
         """
         found = await self.get(uri, revision)
         if found is not None:
@@ -58,13 +67,29 @@ class ResolveCache:
             result = await compute()
             await self.put(uri, *result)
             return result
-        async with self._lock.hold("resolve:" + uri):
+        # While another node holds the lock, its record is looked for every poll: the nodes that queued behind the
+        # resolving one go on as soon as it is written, instead of taking the lock one after another to read it.
+        recorded: list[tuple[str, list[dict[str, Any]]]] = []
+
+        async def record_written() -> bool:
+            found = await self.get(uri, revision)
+            if found is not None:
+                recorded.append(found)
+            return found is not None
+
+        lock = self._lock.hold("resolve:" + uri)
+        holding, _ = await enter_unless(lock, record_written, self._poll_s)
+        if not holding:
+            return recorded[-1]
+        try:
             found = await self.get(uri, revision)  # another node may have resolved it while we waited
             if found is not None:
                 return found
             result = await compute()
             await self.put(uri, *result)
             return result
+        finally:
+            await lock.__aexit__(None, None, None)
 
     @staticmethod
     def name(uri: str) -> str:

@@ -153,6 +153,11 @@ class Metrics:
         self.peer_upload_bytes = m.counter(
             "model_agent_peer_upload_bytes", "Bytes this node's peer server sent to other nodes"
         )
+        self.peer_requests = m.counter(
+            "model_agent_peer_requests",
+            "Requests this node's peer server answered, by method (HEAD: a probe, GET: bytes) and HTTP status",
+            ("method", "code"),
+        )
         self.peer_upload_rate_limit = m.gauge(
             "model_agent_peer_upload_rate_limit_bytes",
             "The peer server's upload cap in bytes/s (0: none); the rate sent is rate(model_agent_peer_upload_bytes)",

@@ -192,7 +192,9 @@ class PeerFetcher:
                     if gate is not None:
                         await gate.abandon()
                     self.on_peer_bytes(got.fetched_bytes)
-                    log.info("file taken from a peer", peer=address, file=label, bytes=got.fetched_bytes)
+                    log.info(
+                        "file taken from a peer", peer=address, file=label, bytes=got.fetched_bytes, probes=file.probes
+                    )
                     return got
                 busy = busy or got == BUSY
             if gate is None:
@@ -216,7 +218,12 @@ class PeerFetcher:
                     after_s=round(time.monotonic() - started, 2),
                 )
             if await gate.wait(self.retry_s):  # the origin slot, or another round of peers in retry_s
-                log.info("origin slot taken: peers could not give the file", file=label, rounds=round_ + 1)
+                log.info(
+                    "origin slot taken: peers could not give the file",
+                    file=label,
+                    rounds=round_ + 1,
+                    probes=file.probes,
+                )
         file.discard()
         return None
 
@@ -227,6 +234,7 @@ class PeerFetcher:
         token = self.token()
         if not token:
             return None
+        file.probes += 1
         chain = await self.probe(address, file.sha256, token)
         if isinstance(chain, int):
             return BUSY if chain == BUSY else None
@@ -262,8 +270,14 @@ class PeerFetcher:
                     log.warning("bytes of several peers failed verification; fetching again", file=file.label)
                 file.discard()  # (the engine deleted the file and its map: the next attempt is one peer's again)
             else:
-                why = exc.reason if isinstance(exc, SourceError) else str(exc)[:200]
-                log.info("peer could not serve the file; the next resumes it", peer=address, file=file.label, why=why)
+                why = exc.reason if isinstance(exc, SourceError) else type(exc).__name__
+                log.info(
+                    "peer could not serve the file; the next resumes it",
+                    peer=address,
+                    file=file.label,
+                    why=why,
+                    detail=str(exc)[:300],
+                )
             return None
 
 
@@ -280,6 +294,7 @@ class _File:
     reservation: Reservation | None
     relay: Relay | None
     written: int = 0
+    probes: int = 0  # holders probed for it so far (the log says how much asking a file cost)
     senders: set[str] = dataclasses.field(default_factory=set)  # peers whose bytes are in the partial file
 
     def counted(self, n: int) -> None:

@@ -45,6 +45,7 @@ from typing import Any, Protocol
 import structlog
 
 from model_agent.peers.directory import PeerDirectory
+from model_agent.transfer.aio import abandon_entry, enter_unless
 
 # The owner of a fetch (a ``model_agent.sources.egress.Owner``), passed through untouched: this package sits
 # below ``sources`` and only hands it to the rule and the hold it was given.
@@ -104,7 +105,7 @@ class OriginGate:
         if self._entering is not None and not self.holding and (force or not self._waiting):
             entering, self._entering = self._entering, None
             assert self._slot is not None
-            await _abandon(entering, self._slot)
+            await abandon_entry(entering, self._slot)
 
     async def leave(self, exc: BaseException | None) -> AbstractAsyncContextManager[Any] | None:
         """The fetch ended: stop acquiring; the slot, if held, is released (failure) or handed back to keep."""
@@ -149,19 +150,9 @@ def peer_aware_slots(
 
     async def slot_or_peer(slot: AbstractAsyncContextManager[Any], source: str) -> tuple[bool, Any]:
         """Enter ``slot`` unless a peer appears first: ``(True, its value)`` when holding it, else ``(False, None)``."""
-        entering = asyncio.ensure_future(slot.__aenter__())
-        try:
-            while True:
-                done, _ = await asyncio.wait([entering], timeout=poll_s)
-                if done:
-                    name = entering.result()
-                    break
-                if await peers_there(source):
-                    await _abandon(entering, slot)
-                    return False, None
-        except BaseException:
-            await _abandon(entering, slot)
-            raise
+        holding, name = await enter_unless(slot, lambda: peers_there(source), poll_s)
+        if not holding:
+            return False, None
         # Won a slot: a holder may have become visible since the last (cached) look; then the slot goes back.
         try:
             holders = await peers_there(source, fresh=True)
@@ -240,14 +231,4 @@ async def _keep_until_seen(
         else:
             log.info("origin slot released before this node was seen Ready", source=source, after_s=linger_s)
     finally:
-        await slot.__aexit__(None, None, None)
-
-
-async def _abandon(entering: asyncio.Future[Any], slot: AbstractAsyncContextManager[Any]) -> None:
-    """Stop acquiring; a slot won meanwhile is released at once."""
-    if not entering.done():
-        entering.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await asyncio.shield(asyncio.wait([entering]))
-    if entering.done() and not entering.cancelled() and entering.exception() is None:
         await slot.__aexit__(None, None, None)

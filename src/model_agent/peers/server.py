@@ -30,7 +30,7 @@ Contract:
   next part request finds it; 429 beyond, so the next node takes the file from a node further down the chain);
   the bytes of all answers together are paced by a token bucket at ``upload_rate`` bytes/s (0: no cap), and
   each answer's socket by the kernel at its share of that rate (``SO_MAX_PACING_RATE``), so they leave evenly
-  rather than in bursts. Every byte sent counts in ``on_upload``.
+  rather than in bursts. Every byte sent counts in ``on_upload``, every answer (method, status) in ``on_answer``.
 """
 
 from __future__ import annotations
@@ -216,6 +216,7 @@ class PeerServer:
     upload_rate: InitVar[float] = 0.0
     max_per_peer: int = 32
     on_upload: Callable[[int], None] = lambda _n: None
+    on_answer: Callable[[str, int], None] = lambda _method, _code: None  # (method, status) of every answer
     relays: Relays | None = None
     downstreams_per_file: int = 1
     relay_poll_s: float = RELAY_POLL_S
@@ -251,11 +252,16 @@ class PeerServer:
     async def _blob(self, req: web.Request) -> web.StreamResponse:
         peer = req.remote or "?"
         if self._inflight.get(peer, 0) >= self.max_per_peer:
+            self.on_answer(req.method, 429)
             return web.Response(status=429, headers={"Retry-After": "1"}, text="too many requests from this peer\n")
         self._inflight[peer] = self._inflight.get(peer, 0) + 1
+        status = 500
         try:
-            return await self._answer(req)
+            resp = await self._answer(req)
+            status = resp.status
+            return resp
         finally:
+            self.on_answer(req.method, status)
             left = self._inflight[peer] - 1
             if left:
                 self._inflight[peer] = left

@@ -76,6 +76,7 @@ class PeerService:
             upload_rate=config.upload_rate,
             max_per_peer=config.max_per_peer,
             on_upload=metrics.peer_upload_bytes.inc,
+            on_answer=lambda method, code: metrics.peer_requests.labels(method, str(code)).inc(),
             relays=self.relays,
             downstreams_per_file=config.downstreams_per_file,
         )

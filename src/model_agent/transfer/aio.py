@@ -4,7 +4,9 @@ Role: the few pieces of concurrency plumbing the engine and the sources share. :
 file work in a shared thread pool and knows which of it is still running, so a file descriptor is closed
 only when no thread uses it any more; :func:`settle` waits for a thread's work through any number of
 cancellations; :func:`gather_or_cancel` / :func:`run_all` are ``gather`` that cancels and awaits the
-others on the first failure; :func:`largest_first` is the order sources start files in.
+others on the first failure; :func:`largest_first` is the order sources start files in; :func:`enter_unless`
+enters an async context (a Lease slot) unless what the caller waits for turns up first, and :func:`abandon_entry`
+stops such an entry without leaving a slot won in that instant held.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import concurrent.futures
 import contextlib
 import threading
 from collections.abc import Awaitable, Callable, Iterable
+from contextlib import AbstractAsyncContextManager
 from typing import Any, Protocol, TypeVar
 
 _T = TypeVar("_T")
@@ -101,3 +104,33 @@ async def gather_or_cancel(coros: Iterable[Awaitable[_T]]) -> list[_T]:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def enter_unless(
+    cm: AbstractAsyncContextManager[_T], turned_up: Callable[[], Awaitable[bool]], poll_s: float
+) -> tuple[bool, _T | None]:
+    """Enter ``cm`` unless ``turned_up()`` answers true first (asked every ``poll_s`` seconds while entering):
+    ``(True, its value)`` when entered (the caller must leave it), ``(False, None)`` when it turned up. An error
+    or a cancellation abandons the entry (:func:`abandon_entry`) and is raised."""
+    entering = asyncio.ensure_future(cm.__aenter__())
+    try:
+        while True:
+            done, _ = await asyncio.wait([entering], timeout=poll_s)
+            if done:
+                return True, entering.result()
+            if await turned_up():
+                await abandon_entry(entering, cm)
+                return False, None
+    except BaseException:
+        await abandon_entry(entering, cm)
+        raise
+
+
+async def abandon_entry(entering: asyncio.Future[Any], cm: AbstractAsyncContextManager[Any]) -> None:
+    """Stop entering ``cm``; when the entry was won meanwhile, ``cm`` is left at once."""
+    if not entering.done():
+        entering.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.shield(asyncio.wait([entering]))
+    if entering.done() and not entering.cancelled() and entering.exception() is None:
+        await cm.__aexit__(None, None, None)

@@ -1,0 +1,86 @@
+"""Unit tests for the cluster's record of resolved revisions: one node resolves, the others read its record.
+
+Two :class:`ResolveCache` instances (two nodes) share :class:`~tests.unit.test_shared_root.LeaseApi`, an
+in-memory fake of the API server's Leases that stores the record's ConfigMap the same way (by name). Every
+wait has a deadline.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from model_agent.agent.origin_slots import OriginSlots
+from model_agent.agent.resolve_cache import ResolveCache
+from tests.support.waiting import until
+from tests.unit.test_shared_root import LeaseApi
+
+NS = "ome"
+URI = "hf://org/model"
+COMMIT = "a" * 40
+FILES = [{"path": "model.safetensors", "size": 3, "sha256": "b" * 64}]
+DEADLINE_S = 5.0
+
+
+def node_cache(api: LeaseApi, node: str, *, lock_poll_s: float) -> ResolveCache:
+    lock = OriginSlots(api, NS, node, 1, lease_s=30, poll_s=lock_poll_s)  # type: ignore[arg-type]
+    return ResolveCache(api, NS, lock=lock, poll_s=0.01)  # type: ignore[arg-type]
+
+
+async def test_a_node_waiting_for_the_lock_takes_the_record_as_soon_as_it_is_written() -> None:
+    api = LeaseApi()
+    first, second = node_cache(api, "n1", lock_poll_s=0.01), node_cache(api, "n2", lock_poll_s=3600.0)
+    recorded, leave_lock = asyncio.Event(), asyncio.Event()
+    computed: list[str] = []
+
+    async def slow_compute() -> tuple[str, list[dict[str, Any]]]:
+        computed.append("n1")
+        return COMMIT, FILES
+
+    async def compute_second() -> tuple[str, list[dict[str, Any]]]:
+        computed.append("n2")
+        return COMMIT, FILES
+
+    # n1 holds the lock, records the answer and keeps the lock a while longer (its release is slow)
+    real_put = first.put
+
+    async def put_then_linger(uri: str, commit: str, files: list[dict[str, Any]]) -> None:
+        await real_put(uri, commit, files)
+        recorded.set()
+        await leave_lock.wait()
+
+    first.put = put_then_linger  # type: ignore[method-assign]
+    resolving = asyncio.ensure_future(first.resolve(URI, "main", slow_compute))
+    await until(lambda: api.leases, "n1 holding the lock")  # (its Lease exists) before n2 asks
+    # n2 polls its lock only once an hour: it can finish in time only by reading the record n1 wrote
+    got = await asyncio.wait_for(second.resolve(URI, "main", compute_second), DEADLINE_S)
+    assert got == (COMMIT, FILES)
+    assert recorded.is_set() and not resolving.done()  # n1 still held the lock when n2 went on
+    assert computed == ["n1"]  # n2 never called the hub
+    assert "n2" not in api.puts  # nor took the lock
+    leave_lock.set()
+    assert await asyncio.wait_for(resolving, DEADLINE_S) == (COMMIT, FILES)
+
+
+async def test_a_node_waiting_for_the_lock_resolves_itself_when_the_holder_records_nothing() -> None:
+    api = LeaseApi()
+    first, second = node_cache(api, "n1", lock_poll_s=0.01), node_cache(api, "n2", lock_poll_s=0.01)
+    release = asyncio.Event()
+
+    async def failing_compute() -> tuple[str, list[dict[str, Any]]]:
+        await release.wait()
+        raise RuntimeError("hub unavailable")
+
+    async def compute_second() -> tuple[str, list[dict[str, Any]]]:
+        return COMMIT, FILES
+
+    resolving = asyncio.ensure_future(first.resolve(URI, "main", failing_compute))
+    await until(lambda: api.leases, "n1 holding the lock")
+    waiting = asyncio.ensure_future(second.resolve(URI, "main", compute_second))
+    release.set()
+    with pytest.raises(RuntimeError):
+        await asyncio.wait_for(resolving, DEADLINE_S)
+    assert await asyncio.wait_for(waiting, DEADLINE_S) == (COMMIT, FILES)
+    assert api.puts == ["", "n2", ""]  # n1 released the lock; n2 took it, resolved and released it
