@@ -20,8 +20,9 @@ distribution: the same origin slots (the slot holders seed) plus ``--peer-*``: e
 namespace address, advertises it on its Node, presents a TokenRequest token of one ServiceAccount for the
 peer audience (checked by the API server's TokenReview) and paces uploads at ``--peer-upload-cap``;
 (d) one shared models root for all agents (``--shared-root``; one directory on the same local disk, not a
-network filesystem). In (a)-(c) every node has its own root and its own ClusterBaseModel (pinned to it,
-same source: the peer directory matches holders by source; a ClusterBaseModel is a trusted owner).
+network filesystem). Every mode has one ClusterBaseModel for the whole fleet (a trusted owner), as users run it;
+in (a)-(c) each node keeps it at the same path on its own root (the agent's root bind-mounted at one path in the
+private mount namespace ``ip netns exec`` gives it).
 
 Measured per cell: seconds until every Node carries the model's Ready label (and when each did), origin
 bytes served (at the proxy), per node the bytes by source and the peer upload bytes (the agent's /metrics,
@@ -307,6 +308,7 @@ def mode_flags(mode: str, args: argparse.Namespace, node: netns.Node, token: Pat
         "--peer-upload-rate",
         str(int(args.peer_upload_cap * MiB)),
         *(["--peer-relay-part-size", str(args.relay_part_kib * 1024)] if args.relay_part_kib is not None else []),
+        *(["--peer-downstreams-per-file", str(args.downstreams)] if args.downstreams is not None else []),
     ]
 
 
@@ -351,11 +353,19 @@ async def cell(mode: str, n: int, args: argparse.Namespace, work: Path, mirrors:
             if mode == "c":
                 await mint_peer_token(admin, token)
             started = time.monotonic()
+            # One model for the fleet, as users run it: every node keeps it at the same path on its own disk. Here
+            # each agent's own root is bind-mounted at that path in its private mount namespace (``ip netns exec``
+            # gives each command one; nothing propagates back to the host); (d) shares one root for real.
+            models = shared if mode == "d" else work / "models"
+            models.mkdir(parents=True, exist_ok=True)
             for i, name in enumerate(names):
-                root = shared if mode == "d" else work / f"root-{name}"
-                root.mkdir(parents=True, exist_ok=True)
-                argv = ["ip", "netns", "exec", nodes[i].netns, sys.executable, "-m", "model_agent", "run"]
-                argv += ["--kubeconfig", str(plane.kubeconfig), "--models-root-dir", str(root)]
+                argv = ["ip", "netns", "exec", nodes[i].netns]
+                if mode != "d":
+                    own = work / f"root-{name}"
+                    own.mkdir(parents=True, exist_ok=True)
+                    argv += ["sh", "-c", 'mount --bind "$1" "$2" && shift 2 && exec "$@"', "sh", str(own), str(models)]
+                argv += [sys.executable, "-m", "model_agent", "run"]
+                argv += ["--kubeconfig", str(plane.kubeconfig), "--models-root-dir", str(models)]
                 argv += ["--port", str(METRICS_PORT), "--log-level", "info", *mode_flags(mode, args, nodes[i], token)]
                 env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "MODEL_AGENT_"))}
                 env |= {"NODE_NAME": name, "HF_ENDPOINT": hf_endpoint, "HF_HOME": str(work / f"hf-{name}")}
@@ -388,22 +398,12 @@ async def cell(mode: str, n: int, args: argparse.Namespace, work: Path, mirrors:
                         up.add(i)
                 await asyncio.sleep(0.25)
             startup_s = round(time.monotonic() - started, 2)
-            if mode == "d":
-                paths = {name: shared / "m" for name in names}
-            else:
-                paths = {name: work / f"root-{name}" / "m" for name in names}
             mirror.reset_stats()
             sampler = LinkSampler([node.host_dev for node in nodes])
             sampler.start()
             t0 = time.monotonic()
-            if mode == "d":
-                await admin.request("POST", CLUSTERBASEMODELS.path(), body=cbm("ff", str(shared / "m"), group))
-            else:
-                # one model object per node with the same source: each node has its own models root here,
-                # and the peer directory matches holders by source (ClusterBaseModel: a trusted owner)
-                for name in names:
-                    sel = {"kubernetes.io/hostname": name}
-                    await admin.request("POST", CLUSTERBASEMODELS.path(), body=cbm(f"ff-{name}", str(paths[name]), sel))
+            # (a ClusterBaseModel: a trusted owner, whose fetches take bytes from peers)
+            await admin.request("POST", CLUSTERBASEMODELS.path(), body=cbm("ff", str(models / "m"), group))
             deadline = t0 + args.timeout
             want, done = set(names), set[str]()
             ready_at: dict[str, float] = {}
@@ -713,6 +713,12 @@ def main() -> None:
     )
     r.add_argument(
         "--relay-part-kib", type=int, default=None, help="mode c: the agents' --peer-relay-part-size (default: theirs)"
+    )
+    r.add_argument(
+        "--downstreams",
+        type=int,
+        default=None,
+        help="mode c: the agents' --peer-downstreams-per-file (default: theirs)",
     )
     r.add_argument("--max-origin-agents", type=int, default=16, help="largest N measured for modes a and b")
     r.add_argument("--timeout", type=float, default=900.0)

@@ -15,7 +15,8 @@ from model_agent.model.keys import node_label_key
 from model_agent.peers import PEER_ADDRESS_ANNOTATION, PeerConfig
 from model_agent.peers.auth import TokenFile, TokenReviewer
 from model_agent.peers.bans import Bans
-from model_agent.peers.directory import PeerDirectory, model_label_keys
+from model_agent.peers.directory import PARALLEL_LISTS, PeerDirectory, model_label_keys
+from tests.support.waiting import until
 
 
 def test_token_file_is_read_again_when_the_kubelet_rotates_it(tmp_path: Path) -> None:
@@ -108,6 +109,37 @@ async def test_holders_are_other_nodes_ready_for_a_model_of_the_source_with_an_a
     assert await directory.holders(uri) == ["10.0.0.2:8090", "10.0.0.3:8090", "10.0.0.7:8090"]
     assert len(api.queries) == 2  # cached for the files of one fetch
     assert await directory.holders("hf://nobody/holds") == []
+
+
+async def test_callers_share_a_running_lookup_and_its_lists_run_at_once() -> None:
+    uri = "hf://acme/m"
+    names = [f"m{i}" for i in range(6)]  # six models of one source: six label keys, six LISTs per lookup
+    models = {"ClusterBaseModel": [{"metadata": {"name": n}, "spec": {"storage": {"storageUri": uri}}} for n in names]}
+    key = node_label_key("ClusterBaseModel", "", "m3")
+    api = NodesApi([_node("a", {key: "Updating"}, "10.0.0.2:8090")])
+    gate = asyncio.Event()
+    in_flight, most = 0, 0
+    answer = api.request
+
+    async def slow(method: str, path: str, **kw: Any) -> dict[str, Any]:
+        nonlocal in_flight, most
+        in_flight += 1
+        most = max(most, in_flight)
+        try:
+            await gate.wait()
+            return await answer(method, path, **kw)
+        finally:
+            in_flight -= 1
+
+    api.request = slow  # type: ignore[method-assign]
+    directory = PeerDirectory(api, "me", lambda: models)  # type: ignore[arg-type]
+    # the four files of one fetch ask at once, the cache empty
+    asking = [asyncio.ensure_future(directory.relaying(uri)) for _ in range(4)]
+    await until(lambda: in_flight == PARALLEL_LISTS, "the first LISTs in flight together")
+    gate.set()
+    assert await asyncio.wait_for(asyncio.gather(*asking), 5) == [["10.0.0.2:8090"]] * 4
+    assert len(api.queries) == len(names)  # one lookup for the four callers
+    assert most == PARALLEL_LISTS  # several LISTs at once, never more than the bound
 
 
 def test_bans_expire_and_count() -> None:

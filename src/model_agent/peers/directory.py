@@ -14,7 +14,9 @@ serve the durable parts of their files (:mod:`.relay`); one that has not started
 Contract: :meth:`PeerDirectory.holders` and :meth:`PeerDirectory.relaying` come from one lookup: one ``LIST`` per
 label key with the selector ``<key> in (Ready,Updating)``, cached per source for ``cache_s`` times one per four
 label keys (a source many models share costs more requests per lookup, so it is looked up less often: the API
-budget of the agent is shared with everything else it does), so the files of one fetch cost one lookup
+budget of the agent is shared with everything else it does; the LISTs of one lookup run up to
+:data:`PARALLEL_LISTS` at once, and callers that find the cache expired while a lookup is under way share it), so
+the files of one fetch cost one lookup
 (``fresh`` skips the cache); an
 API error gives no holders (the origin is used), it never fails the fetch. :meth:`PeerDirectory.ready_here`
 says whether this node's own Node is labelled Ready for a model of the source — what the other nodes'
@@ -23,6 +25,7 @@ directories see — with one ``GET``; an API error answers no.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import KW_ONLY, dataclass, field
@@ -38,6 +41,7 @@ from model_agent.peers import PEER_ADDRESS_ANNOTATION
 log = structlog.get_logger(__name__)
 
 MERGE_PATCH = "application/merge-patch+json"
+PARALLEL_LISTS = 4  # LISTs of one lookup in flight at once (one per label key of the source)
 
 
 def model_label_keys(uri: str, models: Mapping[str, Iterable[dict[str, Any]]]) -> list[str]:
@@ -66,6 +70,9 @@ class PeerDirectory:
     _: KW_ONLY
     cache_s: float = 2.0
     _cache: dict[str, tuple[float, list[str], list[str]]] = field(default_factory=dict, init=False, repr=False)
+    _running: dict[str, asyncio.Future[tuple[list[str], list[str]]]] = field(
+        default_factory=dict, init=False, repr=False
+    )
 
     async def holders(self, uri: str, *, fresh: bool = False) -> list[str]:
         """Addresses of other nodes Ready for a model of ``uri`` (sorted; empty when none or unknown)."""
@@ -80,18 +87,38 @@ class PeerDirectory:
         cached = self._cache.get(uri)
         if cached is not None and cached[0] > time.monotonic() and not fresh:
             return cached[1], cached[2]
+        running = self._running.get(uri)
+        if running is not None and not fresh:
+            return await asyncio.shield(running)  # (the files of a fetch whose cache expired at once: one lookup)
+        lookup = asyncio.ensure_future(self._list(uri))
+        self._running[uri] = lookup
+
+        def ended(done: asyncio.Future[tuple[list[str], list[str]]]) -> None:
+            if self._running.get(uri) is done:
+                del self._running[uri]
+
+        lookup.add_done_callback(ended)
+        return await asyncio.shield(lookup)
+
+    async def _list(self, uri: str) -> tuple[list[str], list[str]]:
         ready: set[str] = set()
         updating: set[str] = set()
         keys = model_label_keys(uri, self.models())
-        for key in keys:
-            try:
-                listed = await self.client.request(
-                    "GET", NODES.path(), query={"labelSelector": f"{key} in (Ready,Updating)"}
-                )
-            except (ApiError, ApiUnavailable) as exc:
-                log.warning("peer directory lookup failed; using the origin", error=str(exc)[:200])
-                continue
-            for node in listed.get("items") or []:
+        lists = asyncio.Semaphore(PARALLEL_LISTS)
+
+        async def nodes_of(key: str) -> list[dict[str, Any]]:
+            async with lists:
+                try:
+                    listed = await self.client.request(
+                        "GET", NODES.path(), query={"labelSelector": f"{key} in (Ready,Updating)"}
+                    )
+                except (ApiError, ApiUnavailable) as exc:
+                    log.warning("peer directory lookup failed; using the origin", error=str(exc)[:200])
+                    return []
+            return list(listed.get("items") or [])
+
+        for key, items in zip(keys, await asyncio.gather(*(nodes_of(k) for k in keys)), strict=True):
+            for node in items:
                 meta = node.get("metadata") or {}
                 address = (meta.get("annotations") or {}).get(PEER_ADDRESS_ANNOTATION, "")
                 if meta.get("name") != self.node_name and address:
