@@ -205,6 +205,15 @@ class LinkSampler:
         first, last = self.samples[0][2], self.samples[-1][2]
         return [b - a for a, b in zip(first, last, strict=True)]
 
+    def download_series(self, t0: float, step: float = 1.0) -> list[list[float]]:
+        """``[seconds since t0, MiB each node received so far, ...]`` about every ``step`` seconds (who lags whom)."""
+        first = self.samples[0][2]
+        series: list[list[float]] = []
+        for t, _, tx in self.samples:
+            if not series or t - t0 - series[-1][0] >= step:
+                series.append([round(t - t0, 2), *(round((b - a) / MiB, 2) for a, b in zip(first, tx, strict=True))])
+        return series
+
     def peak_upload(self, window: float) -> list[float]:
         """Per node, the highest upload rate (bytes/s) over any ``window`` seconds between samples."""
         peaks = [0.0] * len(self.devices)
@@ -454,6 +463,7 @@ async def cell(mode: str, n: int, args: argparse.Namespace, work: Path, mirrors:
                 ],
                 "link_upload_bytes_per_agent": sampler.uploaded(),
                 "link_download_bytes_per_agent": sampler.downloaded(),
+                "link_download_mib_series": sampler.download_series(t0),
                 "peak_upload_b_s_per_agent": {
                     str(w): [round(p) for p in sampler.peak_upload(w)] for w in RATE_WINDOWS_S
                 },

@@ -30,7 +30,7 @@ from cryptography.x509.oid import NameOID
 from model_agent.local.capacity import CapacityRegistry, DiskReserve, DiskUsage
 from model_agent.sources.base import SourceError
 from model_agent.transfer import Expected, RangedConfig, RangedDownloader, fetched_in_one_request, hashing, job, splice
-from tests.support.waiting import eventually
+from tests.support.waiting import eventually, until
 
 KiB = 1024
 MiB = 1024 * KiB
@@ -53,6 +53,7 @@ class Origin:
         self.retry_after: str | None = "1"
         self.flip_at: int | None = None  # flip this byte of the file in every response that covers it
         self.ignore_range = False
+        self.chunked = False  # answer without Content-Length (chunked transfer encoding, as some mirrors do)
         self.status: int | None = None  # answer every request with this status
         self.signatures: list[str] = []  # X-Signature of every request that had one
         self.targets: list[str] = []  # request targets as sent (absolute when the client talks to a proxy)
@@ -111,7 +112,10 @@ class Origin:
             body[self.flip_at - start] ^= 0xFF
         self.statuses.append(status)
         resp = web.StreamResponse(status=status, headers=headers)
-        resp.content_length = len(body)
+        if self.chunked:
+            resp.enable_chunked_encoding()
+        else:
+            resp.content_length = len(body)
         await resp.prepare(request)
         sent = 0
         for off in range(0, len(body), self.chunk):
@@ -521,6 +525,63 @@ async def test_server_ignoring_range_falls_back_to_one_stream(tmp_path: Path) ->
     assert (tmp_path / "f").read_bytes() == data
     assert got.digests == digests(data)
     assert origin.ranges[-1] is None  # the last request was a plain GET
+
+
+async def test_parts_at_once_caps_one_files_requests_in_flight(tmp_path: Path) -> None:
+    """A file given ``parts_at_once`` never has more part requests in flight, whatever the session's slots."""
+    data = os.urandom(8 * FAST.part_size)
+    origin = Origin(data)
+    origin.delay = 0.005  # parts overlap
+    in_flight, most = 0, 0
+    serve = origin.handle
+
+    async def counted(request: web.Request) -> web.StreamResponse:
+        nonlocal in_flight, most
+        in_flight += 1
+        most = max(most, in_flight)
+        try:
+            return await serve(request)
+        finally:
+            in_flight -= 1
+
+    origin.handle = counted  # type: ignore[method-assign]
+    await origin.start()
+    try:
+        dl = engine(FAST)
+        capped = await dl.download(origin.url, tmp_path / "a", Expected(len(data), digests(data)), parts_at_once=2)
+        assert most == 2 and capped.digests == digests(data)
+        most = 0
+        await dl.download(origin.url, tmp_path / "b", Expected(len(data), digests(data)))
+        assert most == FAST.concurrency  # (without the cap the session's slots are the limit)
+    finally:
+        await origin.stop()
+
+
+async def test_a_relayed_body_is_reported_as_it_arrives_not_as_its_part_completes(tmp_path: Path) -> None:
+    """With ``on_written`` (a relay), bytes are reported as they arrive, also from a chunked answer of a mirror that
+    ignores Range (which the splice cannot take: no length): reading it into a part-sized buffer reported nothing
+    until the whole part was in, and the next node of a chain waited as long."""
+    data = os.urandom(2 * FAST.part_size)
+    origin = await origin_for(data)
+    origin.ignore_range = origin.chunked = True
+    origin.stall = asyncio.Event()  # every answer stops after its first chunk until released
+    written: list[tuple[int, int]] = []
+    try:
+        fetch = asyncio.ensure_future(
+            engine(replace(FAST, concurrency=1, write_buffer=FAST.part_size)).download(
+                origin.url,
+                tmp_path / "f",
+                Expected(len(data), digests(data)),
+                on_written=lambda a, b: written.append((a, b)),
+            )
+        )
+        await until(lambda: sum(b - a for a, b in written) >= origin.chunk, "the first chunk reported")
+        assert sum(b - a for a, b in written) < FAST.part_size  # (its part is not complete: the origin stalls)
+        origin.stall.set()
+        got = await asyncio.wait_for(fetch, 10)
+    finally:
+        await origin.stop()
+    assert got.digests == digests(data) and sum(b - a for a, b in written) == len(data)
 
 
 async def _download_until_cancelled(

@@ -63,6 +63,11 @@ RETRY_S = 0.25  # between rounds of candidates while waiting for the origin slot
 PROBES_PER_ROUND = 5  # candidates probed per round: the nearest ones, plus a rotating few of the others
 NEAREST = 3
 BUSY = 429  # a holder's answer when it has the file and serves its downstreams already
+# Part requests of one file in flight to its holder: the part the holder is writing and the next, ready at once. A
+# holder still fetching has nothing beyond its frontier yet, so more would only hold slots of the fetch's shared
+# engine session waiting while another file of the fetch has none (measured: the files started two at a time, half
+# the rate for the first parts at every hop of a chain).
+PARTS_AT_ONCE = 2
 BUSY_S = 60.0  # holders busy for this long: the origin slot decides again (the fetch must not starve)
 
 
@@ -254,6 +259,7 @@ class PeerFetcher:
                 on_bytes=file.counted,
                 reservation=file.reservation,
                 on_written=file.relay.writer() if file.relay is not None else None,
+                parts_at_once=PARTS_AT_ONCE,
             )
         except asyncio.CancelledError:
             raise

@@ -97,11 +97,16 @@ class Relay:
         if self._changed is None:
             self._changed = asyncio.Event()
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._changed.wait(), timeout)
+            async with asyncio.timeout(timeout):  # (no task per wait, unlike wait_for: this runs per relayed chunk)
+                await self._changed.wait()
 
-    def servable_end(self, view: DurableView, offset: int) -> int:
-        """The end of the bytes from ``offset`` that may be served now (``offset``: none yet)."""
-        return max(view.durable_end(offset), self.written.end_from(offset))
+    def servable_end(self, view: DurableView, offset: int, enough: int = 0) -> int:
+        """The end of the bytes from ``offset`` that may be served now (``offset``: none yet); when this attempt's
+        writes already give ``enough`` bytes from there, the part map on disk is not looked at."""
+        written = self.written.end_from(offset)
+        if enough and written - offset >= enough:
+            return written
+        return max(view.durable_end(offset), written)
 
 
 class WrittenRanges:

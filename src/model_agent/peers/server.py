@@ -56,6 +56,8 @@ log = structlog.get_logger(__name__)
 
 CHUNK = 1024 * 1024
 RELAY_POLL_S = 0.05  # how often an answer waiting for bytes looks at the part map (writes wake it sooner)
+RELAY_BATCH = 64 * 1024  # a relayed file's bytes are sent in pieces of at least this much ...
+RELAY_BATCH_S = 0.05  # ... or whatever is there after this long (at most the hop's added latency)
 RELAY_WAIT_S = 5.0  # no new byte in the file for this long: the answer ends short (the client resumes)
 SO_MAX_PACING_RATE = getattr(socket, "SO_MAX_PACING_RATE", 47)  # Linux >= 3.13; the constant is missing in 3.11
 _PACING_MAX = 2**32 - 1  # the option is a u32 when set as an int
@@ -342,23 +344,28 @@ class PeerServer:
         sock = req.transport.get_extra_info("socket") if req.transport is not None else None
         paced_at = 0
         offset = start
-        waited_since = time.monotonic()
+        waited_since = batch_since = time.monotonic()
         while offset < end:
             n = min(CHUNK, end - offset)
             if view is not None and relay is not None:
                 if self.relays is None or not self.relays.live(relay):
                     break  # the file failed or is being deleted: not one more byte of it
                 before = (view.durable_parts, relay.written.total)
-                durable = relay.servable_end(view, offset)
+                durable = relay.servable_end(view, offset, enough=n)
+                now = time.monotonic()
                 if (view.durable_parts, relay.written.total) != before:
-                    waited_since = time.monotonic()  # the fetch goes on (perhaps short of this offset yet)
-                if durable <= offset:
-                    if time.monotonic() - waited_since > self.relay_wait_s:
+                    waited_since = now  # the fetch goes on (perhaps short of this offset yet)
+                # Bytes a write just brought are sent once RELAY_BATCH of them are there or RELAY_BATCH_S has passed:
+                # sending each few KiB a receive wrote cost more CPU than the relaying itself.
+                short = durable - offset < min(n, RELAY_BATCH) and now - batch_since < RELAY_BATCH_S
+                if durable <= offset or short:
+                    if durable <= offset and now - waited_since > self.relay_wait_s:
                         break
                     # Waiting for bytes, this answer sends nothing: its share goes to the answers that do meanwhile.
                     self.pacer.answers -= 1
                     try:
-                        await relay.changed(self.relay_poll_s)  # the next write, or a look at the map on disk
+                        wait = self.relay_poll_s if durable <= offset else RELAY_BATCH_S - (now - batch_since)
+                        await relay.changed(wait)  # the next write, or a look at the map on disk
                     finally:
                         self.pacer.answers += 1
                     continue
@@ -372,7 +379,7 @@ class PeerServer:
                 break  # truncated under us: the peer's size check and verification catch it
             await resp.write(data)
             offset += len(data)
-            waited_since = time.monotonic()
+            waited_since = batch_since = time.monotonic()
             self.uploaded += len(data)
             self.on_upload(len(data))
         return offset

@@ -104,6 +104,7 @@ class RangedDownloader:
         on_bytes: Callable[[int], None] | None = None,
         reservation: Reservation | None = None,
         on_written: Callable[[int, int], None] | None = None,
+        parts_at_once: int = 0,
     ) -> Downloaded:
         """Fetch ``url`` into ``path`` (resuming from ``state_path``), verify it, fsync it; see the module doc.
 
@@ -112,7 +113,8 @@ class RangedDownloader:
         ``on_bytes`` is called (in the event loop) with the size of every write. ``reservation`` is shrunk by
         what the preallocation takes. ``on_written`` is called (in the event loop) with ``(start, end)`` of every
         range that is in the file (written, not yet verified nor fsynced: what a relay may pass on to a node that
-        verifies it itself), after every write.
+        verifies it itself), after every write. ``parts_at_once`` caps the part requests of this file in flight
+        (0: the session's ``concurrency``), so that files sharing a session each get slots.
         """
         unknown = set(expected.checksums) - SUPPORTED_CHECKSUMS
         if unknown:
@@ -128,6 +130,7 @@ class RangedDownloader:
             on_bytes or (lambda _n: None),
             reservation,
             on_written,
+            parts_at_once,
         )
         return await job.run()
 

@@ -51,6 +51,7 @@ MiB = 1024 * 1024
 PROGRESS_STEP = 16 * MiB  # spliced bytes are reported to the event loop in steps this large (fewer wake-ups)
 RELAY_STEP = 1  # ... but every write when a relay passes them on as they land (on_written): a splice waiting for
 # more of the body would otherwise sit on bytes the next node of a chain could have (a hop of a step, not a write)
+RELAY_READ = 1 * MiB  # a copied body, relayed: at most this much per read, and whatever has arrived (read1)
 # A file of one part at most this large is fetched in one thread call per attempt (Job._run_small): open, GET, write,
 # hash from the buffer, verify, fsync and record, instead of the part path's five thread hops (open, request, hash
 # read-back, fsync, map) and a hash task. With receive buffers sized by need (engine.Slot.buffer), 20 files of
@@ -93,6 +94,7 @@ class Job:
         on_bytes: Callable[[int], None],
         reservation: Reservation | None,
         on_written: Callable[[int, int], None] | None = None,
+        parts_at_once: int = 0,
     ) -> None:
         self.dl = dl
         self.cfg = dl.config
@@ -105,6 +107,7 @@ class Job:
         self.label = label
         self.on_bytes = on_bytes
         self.on_written = on_written
+        self.parts_at_once = min(self.cfg.concurrency, parts_at_once or self.cfg.concurrency)
         self.report_step = RELAY_STEP if on_written is not None else PROGRESS_STEP
         self.reservation = reservation
         self.algorithms = sorted({"sha256", *expected.checksums})
@@ -298,7 +301,7 @@ class Job:
         hasher = asyncio.ensure_future(self._hash_loop())
         try:
             if self.queue:
-                workers = min(len(self.queue), self.cfg.concurrency)
+                workers = min(len(self.queue), self.parts_at_once)
                 try:
                     await run_all(self._worker() for _ in range(workers))
                 except RangeIgnored:
@@ -514,6 +517,14 @@ class Job:
         while span.pos < end:
             if stop.is_set():
                 raise Stopped()  # the awaiting task was cancelled and waits for this thread to let go
+            if self.on_written is not None:
+                # Relayed: what has arrived, now. readinto waits until the buffer is full (a whole part of a chunked
+                # answer, whose length the splice cannot use): the next node of a chain would wait as long.
+                data = resp.read1(min(RELAY_READ, end - span.pos))
+                if not data:
+                    break
+                self._write_at(memoryview(data), span)
+                continue
             # readinto fills the buffer straight from the socket; never past the span, whatever the server sends.
             n = resp.readinto(view[: min(len(view), end - span.pos)])
             if not n:
