@@ -285,6 +285,33 @@ async def test_an_answer_streams_on_as_parts_become_durable(relaying: Any) -> No
     assert got == content[10:]
 
 
+async def test_bytes_written_in_small_pieces_are_sent_in_batches(relaying: Any) -> None:
+    """A relayed file written 4 KiB at a time is sent in pieces of at least RELAY_BATCH (or what 50 ms brought),
+    not one send per write: each send costs a pacer round, a read and a write."""
+    server, relays, staging = relaying
+    server.relay_wait_s = 30.0
+    content = os.urandom(4 * PART)
+    digest, path, state_path = _being_fetched(staging, content, [])
+    sends: list[int] = []
+    server.on_upload = sends.append
+    with relays.scope() as scope:
+        relay = scope.start(digest, len(content), path, state_path)
+        relays.fed_by(relay, ())
+        write = relay.writer()
+
+        async def writer() -> None:
+            for at in range(0, len(content), 4096):
+                write(at, at + 4096)
+                await asyncio.sleep(0.001)
+
+        writing = asyncio.ensure_future(writer())
+        status, got, _ = await asyncio.wait_for(_get_short(server, digest), 30)
+        await writing
+    assert status == 200 and got == content
+    writes = len(content) // 4096
+    assert len(sends) <= writes // 2, (len(sends), writes)  # (64 writes: 62-64 sends before)
+
+
 async def test_a_failed_file_is_not_served_one_more_byte(relaying: Any) -> None:
     server, relays, staging = relaying
     server.relay_wait_s = 30.0
