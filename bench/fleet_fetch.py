@@ -39,6 +39,7 @@ import asyncio
 import contextlib
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -492,6 +493,16 @@ async def cell(mode: str, n: int, args: argparse.Namespace, work: Path, mirrors:
         await asyncio.to_thread(plane.down)
 
 
+def dump(doc: dict[str, Any]) -> str:
+    """``doc`` as indented JSON with every list of plain numbers on one line (the download series stay readable)."""
+    text = json.dumps(doc, indent=2)
+    return re.sub(
+        r"\[\s+(-?[0-9.e+-]+(?:,\s+-?[0-9.e+-]+)*)\s+\]",
+        lambda m: "[" + ", ".join(m.group(1).split(",\n")).replace(" ", "").replace(",", ", ") + "]",
+        text,
+    )
+
+
 def cbm(name: str, path: str, selector: dict[str, str]) -> dict[str, Any]:
     return {
         "apiVersion": "ome.io/v1beta1",
@@ -620,7 +631,7 @@ def _verdict(ok: bool) -> str:
 def write(doc: dict[str, Any], args: argparse.Namespace) -> None:
     results, report_path = Path(args.results), Path(args.report)
     results.parent.mkdir(parents=True, exist_ok=True)
-    results.write_text(json.dumps(doc, indent=2))
+    results.write_text(dump(doc))
     plot_path = report_path.with_suffix(".png")
     try:
         from bench.fleet_fetch_plot import draw
