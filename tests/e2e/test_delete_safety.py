@@ -188,9 +188,15 @@ async def test_real_delete_quarantines_and_recreate_restores_without_download(
 
     await eventually(gone, timeout=10, what="label and entry removed")
     assert loop.time() - t0 < 5
-    trash = list((agent.models_root / ".model-agent" / "trash").iterdir())
+    trash_root = agent.models_root / ".model-agent" / "trash"
+
+    async def quarantined() -> list[Path]:
+        # The weights move after the label and the entry (nothing may advertise them while they move).
+        entries = list(trash_root.iterdir()) if trash_root.is_dir() else []
+        return entries if not dest.exists() and entries and (entries[0] / "data").is_dir() else []
+
+    trash = await eventually(quarantined, timeout=10, what="the weights moved to the trash")
     assert len(trash) == 1 and (trash[0] / "data" / "model.safetensors").read_bytes() == files["model.safetensors"]
-    assert not dest.exists()
 
     requests = olah.request_count(path_contains=repo)
     await kube.apply(cbm(name, f"hf://{repo}", str(dest)))
