@@ -214,7 +214,7 @@ async def test_no_slot_is_taken_when_a_peer_already_holds_the_source() -> None:
     hold = peer_aware(slots.hold, FakeDirectory(["a:1"]))
     async with hold("hf://o/m", lambda: None) as name:
         assert name == ""
-    assert slots.entered == 0
+    assert slots.entered == 0 and not slots.asked.is_set()
 
 
 async def test_waiting_for_a_slot_stops_when_a_peer_becomes_ready() -> None:
@@ -507,6 +507,45 @@ async def test_a_fetch_that_skipped_the_queue_goes_to_the_origin_only_holding_th
     assert got is None and gate.holding and slots.entered == 1  # now it may go to the origin
 
 
+async def test_a_file_goes_to_the_origin_as_soon_as_the_slot_is_won_without_asking_peers_again(tmp_path: Path) -> None:
+    content = os.urandom(2 * PART)
+    slots = FakeSlots()
+    slots.free.set()  # the slot is there for the asking
+    gate = OriginGate(slots.hold, "hf://o/m", lambda: None, None)  # type: ignore[arg-type]
+    directory = FakeDirectory([], fetching=["127.0.0.1:9"])  # listed as fetching, serves nothing
+    fetcher, relays = _relay_fetcher(directory)
+    token = ORIGIN_GATE.set(gate)
+    try:
+        async with asyncio.timeout(10):
+            got, _ = await _relayed(fetcher, relays, tmp_path / "staging", content, lambda _n: None)
+    finally:
+        ORIGIN_GATE.reset(token)
+    # One round of peers, then the slot: a second round (what the fetch did before) would have looked again.
+    assert got is None and gate.holding and directory.asked == 1
+
+
+async def test_a_fetch_whose_slot_was_won_before_its_files_asks_only_ready_copies(tmp_path: Path) -> None:
+    content = os.urandom(2 * PART)
+    slots = FakeSlots()
+    slots.free.set()
+    gate = OriginGate(slots.hold, "hf://o/m", lambda: None, None)  # type: ignore[arg-type]
+    gate.start()  # (what a fetch does when nobody holds the source Ready)
+    async with asyncio.timeout(10):
+        while not gate.won():
+            await asyncio.sleep(0.01)
+    async with peer(tmp_path, content) as address:
+        directory = FakeDirectory([], fetching=[address])  # a node still fetching it, which could serve it
+        fetcher, relays = _relay_fetcher(directory)
+        token = ORIGIN_GATE.set(gate)
+        try:
+            async with asyncio.timeout(10):
+                got, _ = await _relayed(fetcher, relays, tmp_path / "staging", content, lambda _n: None)
+        finally:
+            ORIGIN_GATE.reset(token)
+    # Holding the slot, the file goes to the origin at once, as a fetch that queued for its slot would.
+    assert got is None and gate.holding and slots.entered == 1 and directory.asked == 1
+
+
 async def test_a_peer_that_appears_while_waiting_for_the_slot_gives_the_file(tmp_path: Path) -> None:
     content = os.urandom(2 * PART)
     slots = FakeSlots()
@@ -534,7 +573,10 @@ async def test_skipping_the_queue_for_a_node_still_fetching_sets_a_gate_kept_lik
     hold = peer_aware(slots.hold, directory)
     async with hold("hf://o/m", lambda: None) as name:
         gate = ORIGIN_GATE.get()
-        assert name == "" and gate is not None and slots.entered == 0
+        assert name == "" and gate is not None and not gate.holding
+        # Nobody holds it Ready: the slot is asked for at once, before any file has asked peers.
+        async with asyncio.timeout(5):
+            await slots.asked.wait()
         assert await gate.wait(5)  # no peer could give a file: the slot, through the gate
     assert ORIGIN_GATE.get() is None
     assert slots.exited == 0  # kept: this node fetched from the origin, a seeder until seen Ready

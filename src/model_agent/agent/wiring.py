@@ -124,7 +124,10 @@ class Wiring:
             ResolveCache(
                 client,
                 settings.namespace,
-                lock=OriginSlots(client, settings.namespace, node, 1, lease_s=settings.origin_lease_s, poll_s=0.5),
+                # A waiting node looks for the record every 0.5 s and for the lock only every 1-3 s: the lock is
+                # needed again only when its holder failed, and each look is an API request from a bucket of
+                # 5 a second that the fetch's own requests (label, entry, Leases) share.
+                lock=OriginSlots(client, settings.namespace, node, 1, lease_s=settings.origin_lease_s, poll_s=2.0),
             )
             if settings.max_concurrent_origin_fetches
             else None

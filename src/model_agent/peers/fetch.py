@@ -188,8 +188,10 @@ class PeerFetcher:
         started = time.monotonic()
         busy_since: float | None = None
         for round_ in itertools.count():
-            holding = gate is None or gate.holding  # the origin is open to this fetch
-            candidates = await self.candidates(uri, turn, relaying=gate is not None, round_=round_)
+            holding = gate is None or gate.won()  # the origin is open to this fetch
+            # Holding the slot, only Ready copies are worth asking (as a fetch that queued for its slot does): a
+            # node still fetching has at most what this one would fetch from the origin anyway.
+            candidates = await self.candidates(uri, turn, relaying=not holding, round_=round_)
             busy = False
             for address in candidates:
                 got = await self._attempt(engine, address, file)
@@ -229,6 +231,7 @@ class PeerFetcher:
                     rounds=round_ + 1,
                     probes=file.probes,
                 )
+                break  # (this round's peers were just asked: not once more before the origin)
         file.discard()
         return None
 

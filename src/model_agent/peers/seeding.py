@@ -22,7 +22,9 @@ labelled ``Updating`` for it, which serve the durable parts of what they fetch, 
 one skips the queue too, so the fleet fetches in chains from the seed instead of one node after the other. Such a
 fetch never goes to the origin without a slot: it runs with an :class:`OriginGate` (in :data:`ORIGIN_GATE`, which
 :mod:`.fetch` reads), and when no peer can give a file it waits for the origin slot through the gate, still asking
-peers meanwhile; a slot won that way is kept like a seeder's (until this node is seen Ready) and released at once
+peers meanwhile (when no node holds the source Ready yet, the gate asks for the slot from the start: one of the
+fetching nodes has to go to the origin, and the winner then asks only Ready copies before it does); a slot won
+that way is kept like a seeder's (until this node is seen Ready) and released at once
 when the fetch fails.
 
 Contract: the wrapped hold is entered at most once and always left when entered (its release runs; after a
@@ -66,8 +68,9 @@ class OriginGate:
     """The origin slot of a fetch that skipped the queue for peers, taken only if peers cannot give a file.
 
     :meth:`wait` starts acquiring the slot (once; the files of the fetch share it) and waits for it at most
-    ``timeout`` seconds; :meth:`abandon` stops an acquisition not yet won when no file waits for it (a peer gave
-    the file after all); :attr:`holding` says whether the slot is this fetch's, so it may go to the origin.
+    ``timeout`` seconds (:meth:`start` starts it without waiting, for a fetch that no Ready holder can serve);
+    :meth:`abandon` stops an acquisition not yet won when no file waits for it (a peer gave the file after all);
+    :attr:`holding` (:meth:`won`) says whether the slot is this fetch's, so it may go to the origin.
     """
 
     def __init__(self, hold: Hold, source: str, on_wait: Callable[[], None], owner: Owner | None) -> None:
@@ -78,14 +81,28 @@ class OriginGate:
         self._waiting = 0
         self.holding = False
 
+    def start(self) -> None:
+        """Start acquiring the slot without waiting for it (a no-op when held or being acquired)."""
+        if self._entering is None and not self.holding:
+            self._slot = self._hold(self._source, self._on_wait, owner=self._owner)  # (a hold is entered once)
+            self._entering = asyncio.ensure_future(self._slot.__aenter__())
+
+    def won(self) -> bool:
+        """Whether the slot is this fetch's, noting an acquisition that completed meanwhile (never waits)."""
+        entering = self._entering
+        done = entering is not None and entering.done() and not entering.cancelled()
+        if not self.holding and done and entering is not None and entering.exception() is None:
+            self._entering = None
+            self.holding = True
+        return self.holding
+
     async def wait(self, timeout: float) -> bool:
         """Acquire the slot, waiting at most ``timeout`` s; whether it is held now."""
         if self.holding:
             return True
-        if self._entering is None:
-            self._slot = self._hold(self._source, self._on_wait, owner=self._owner)  # (a hold is entered once)
-            self._entering = asyncio.ensure_future(self._slot.__aenter__())
+        self.start()
         entering = self._entering
+        assert entering is not None
         self._waiting += 1
         try:
             done, _ = await asyncio.wait([entering], timeout=timeout)
@@ -175,6 +192,12 @@ def peer_aware_slots(
     async def through_peers(source: str, on_wait: Callable[[], None], owner: Owner | None) -> AsyncIterator[Any]:
         """The fetch goes to peers, with a gate to the origin slot for what they cannot give."""
         gate = OriginGate(hold, source, lambda: None, owner)  # (not "queued": the fetch goes on meanwhile)
+        if not await directory.holders(source):
+            # Nobody holds the source Ready: one of the nodes fetching it must go to the origin, and whoever wins
+            # the slot is that node. Asking now, while the revision resolves, instead of after a first round of
+            # peers that cannot give anything yet, starts the fleet's only origin fetch that much sooner; the
+            # acquisition is abandoned as usual once a peer gives a file and no file waits for it.
+            gate.start()
         log.info("origin-slot queue skipped: peers hold or are fetching the source", source=source)
         token = ORIGIN_GATE.set(gate)
         try:
