@@ -507,12 +507,8 @@ async def test_a_fetch_that_skipped_the_queue_goes_to_the_origin_only_holding_th
     assert got is None and gate.holding and slots.entered == 1  # now it may go to the origin
 
 
-async def test_a_file_goes_to_the_origin_as_soon_as_the_slot_is_won_without_asking_peers_again(tmp_path: Path) -> None:
-    content = os.urandom(2 * PART)
-    slots = FakeSlots()
-    slots.free.set()  # the slot is there for the asking
-    gate = OriginGate(slots.hold, "hf://o/m", lambda: None, None)  # type: ignore[arg-type]
-    directory = FakeDirectory([], fetching=["127.0.0.1:9"])  # listed as fetching, serves nothing
+async def _through_gate(gate: OriginGate, directory: FakeDirectory, tmp_path: Path, content: bytes) -> Any:
+    """A relayed fetch of ``content`` with ``gate`` as its origin gate; what the peers gave (None: the origin's)."""
     fetcher, relays = _relay_fetcher(directory)
     token = ORIGIN_GATE.set(gate)
     try:
@@ -520,6 +516,16 @@ async def test_a_file_goes_to_the_origin_as_soon_as_the_slot_is_won_without_aski
             got, _ = await _relayed(fetcher, relays, tmp_path / "staging", content, lambda _n: None)
     finally:
         ORIGIN_GATE.reset(token)
+    return got
+
+
+async def test_a_file_goes_to_the_origin_as_soon_as_the_slot_is_won_without_asking_peers_again(tmp_path: Path) -> None:
+    content = os.urandom(2 * PART)
+    slots = FakeSlots()
+    slots.free.set()  # the slot is there for the asking
+    gate = OriginGate(slots.hold, "hf://o/m", lambda: None, None)  # type: ignore[arg-type]
+    directory = FakeDirectory([], fetching=["127.0.0.1:9"])  # listed as fetching, serves nothing
+    got = await _through_gate(gate, directory, tmp_path, content)
     # One round of peers, then the slot: a second round (what the fetch did before) would have looked again.
     assert got is None and gate.holding and directory.asked == 1
 
@@ -535,13 +541,7 @@ async def test_a_fetch_whose_slot_was_won_before_its_files_asks_only_ready_copie
             await asyncio.sleep(0.01)
     async with peer(tmp_path, content) as address:
         directory = FakeDirectory([], fetching=[address])  # a node still fetching it, which could serve it
-        fetcher, relays = _relay_fetcher(directory)
-        token = ORIGIN_GATE.set(gate)
-        try:
-            async with asyncio.timeout(10):
-                got, _ = await _relayed(fetcher, relays, tmp_path / "staging", content, lambda _n: None)
-        finally:
-            ORIGIN_GATE.reset(token)
+        got = await _through_gate(gate, directory, tmp_path, content)
     # Holding the slot, the file goes to the origin at once, as a fetch that queued for its slot would.
     assert got is None and gate.holding and slots.entered == 1 and directory.asked == 1
 
