@@ -53,6 +53,7 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from model_agent.agent.settings import Settings
 from model_agent.kube.client import ApiError, KubeClient
 from model_agent.kube.resources import CLUSTERBASEMODELS, NODES
 from model_agent.peers import DEFAULT_AUDIENCE
@@ -72,7 +73,8 @@ AGENT_NAMESPACE = "ome"
 PEER_SA = "model-agent-peer-bench"
 PEER_PORT = 9200
 METRICS_PORT = 9100
-API_SETTLE_S = 2.0  # the agents' API token bucket (burst 10 at 5 a second) full again after start-up
+# The agents' client-side API token bucket full again after start-up (burst / rate of the defaults: 2 s).
+API_SETTLE_S = Settings.model_fields["api_burst"].default / Settings.model_fields["api_qps"].default
 # Upload rates are measured over these windows (s). The agent's pacer is a token bucket with one second's
 # worth of burst, so over W seconds it may send cap x (W + 1) bytes by contract; the verdict uses the 5 s window.
 RATE_WINDOWS_S = (2.0, 5.0)
@@ -410,7 +412,7 @@ async def cell(mode: str, n: int, args: argparse.Namespace, work: Path, mirrors:
                 await asyncio.sleep(0.25)
             startup_s = round(time.monotonic() - started, 2)
             # ...and settled: an agent's start-up LISTs and WATCHes take 9 of the 10 tokens of its client-side API
-            # bucket (5 a second), which a running fleet has long refilled when a model is created.
+            # bucket, which a running fleet has long refilled when a model is created.
             await asyncio.sleep(API_SETTLE_S)
             mirror.reset_stats()
             sampler = LinkSampler([node.host_dev for node in nodes])

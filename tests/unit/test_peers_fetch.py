@@ -536,9 +536,7 @@ async def test_a_fetch_whose_slot_was_won_before_its_files_asks_only_ready_copie
     slots.free.set()
     gate = OriginGate(slots.hold, "hf://o/m", lambda: None, None)  # type: ignore[arg-type]
     gate.start()  # (what a fetch does when nobody holds the source Ready)
-    async with asyncio.timeout(10):
-        while not gate.won():
-            await asyncio.sleep(0.01)
+    await until(gate.won, "the slot won before any file asks")
     async with peer(tmp_path, content) as address:
         directory = FakeDirectory([], fetching=[address])  # a node still fetching it, which could serve it
         got = await _through_gate(gate, directory, tmp_path, content)

@@ -90,9 +90,8 @@ class OriginGate:
     def won(self) -> bool:
         """Whether the slot is this fetch's, noting an acquisition that completed meanwhile (never waits)."""
         entering = self._entering
-        done = entering is not None and entering.done() and not entering.cancelled()
-        if not self.holding and done and entering is not None and entering.exception() is None:
-            self._entering = None
+        if entering is not None and entering.done() and not entering.cancelled() and entering.exception() is None:
+            self._entering = None  # (set only while not holding)
             self.holding = True
         return self.holding
 
@@ -189,10 +188,10 @@ def peer_aware_slots(
         task.add_done_callback(kept.discard)
 
     @contextlib.asynccontextmanager
-    async def through_peers(source: str, on_wait: Callable[[], None], owner: Owner | None) -> AsyncIterator[Any]:
+    async def through_peers(source: str, owner: Owner | None, *, anyone_ready: bool) -> AsyncIterator[Any]:
         """The fetch goes to peers, with a gate to the origin slot for what they cannot give."""
         gate = OriginGate(hold, source, lambda: None, owner)  # (not "queued": the fetch goes on meanwhile)
-        if not await directory.holders(source):
+        if not anyone_ready:
             # Nobody holds the source Ready: one of the nodes fetching it must go to the origin, and whoever wins
             # the slot is that node. Asking now, while the revision resolves, instead of after a first round of
             # peers that cannot give anything yet, starts the fleet's only origin fetch that much sooner; the
@@ -221,14 +220,15 @@ def peer_aware_slots(
             async with hold(source, on_wait, owner=owner) as name:
                 yield name
             return
-        if await peers_there(source):
-            async with through_peers(source, on_wait, owner) as name:
+        ready = await directory.holders(source)
+        if ready or await directory.relaying(source):
+            async with through_peers(source, owner, anyone_ready=bool(ready)) as name:
                 yield name
             return
         slot = hold(source, on_wait, owner=owner)
         holding, name = await slot_or_peer(slot, source)
-        if not holding:
-            async with through_peers(source, on_wait, owner) as name:
+        if not holding:  # a peer turned up while waiting (the look that found it is cached: no new request)
+            async with through_peers(source, owner, anyone_ready=bool(await directory.holders(source))) as name:
                 yield name
             return
         try:
