@@ -16,7 +16,7 @@ import pytest
 
 from model_agent.local.layout import Layout
 from model_agent.local.manifest import FileRecord, Manifest
-from model_agent.sources.base import FetchRequest, FetchResult, SourceError, publish
+from model_agent.sources.base import FetchRequest, FetchResult, SourceError, publish, sized_files
 
 FILES = {
     "config.json": b'{"model_type": "llama"}',
@@ -301,3 +301,12 @@ def test_nothing_is_created_above_a_missing_root(tmp_path: Path) -> None:
     with pytest.raises(OSError):
         publish(req, result(FILES))
     assert not root.exists()
+
+
+def test_adoption_candidates_are_regular_files_of_the_listed_size(tmp_path: Path) -> None:
+    (tmp_path / "right").write_bytes(b"x" * 10)
+    (tmp_path / "short").write_bytes(b"x" * 9)
+    (tmp_path / "dir").mkdir()
+    (tmp_path / "link").symlink_to(tmp_path / "right")  # never adopted through a link, whatever it points at
+    names = ["right", "short", "dir", "link", "missing"]
+    assert sized_files([(tmp_path / n, 10) for n in names]) == [True, False, False, False, False]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import threading
 import zlib
 from pathlib import Path
 
@@ -13,6 +14,7 @@ from model_agent.sources.base import FetchRequest, SourceError
 from model_agent.sources.objects import clean_staging
 from model_agent.sources.s3 import (
     S3Credentials,
+    _signer,
     checksums_of_answer,
     credentials_from_secret,
     expected_from_head,
@@ -128,3 +130,25 @@ def test_staging_keeps_only_what_this_fetch_produces(tmp_path: Path) -> None:
     left = sorted(p.relative_to(staging).as_posix() for p in staging.rglob("*") if p.is_file())
     assert left == [f"{PARTS_DIR.as_posix()}/{part_map_name('shards/a.bin')}", "shards/a.bin"]
     assert not (staging / "old").exists()
+
+
+@pytest.mark.parametrize(
+    ("secret", "params", "in_the_loop"),
+    [
+        (None, {"anonymous": "true"}, True),  # unsigned: nothing to refresh
+        ({"AWS_ACCESS_KEY_ID": "AKIAX", "AWS_SECRET_ACCESS_KEY": "k"}, {}, True),  # a Secret's keys never refresh
+        (None, {}, False),  # the SDK's chain may refresh temporary credentials over the network first
+    ],
+)
+async def test_urls_are_signed_in_the_event_loop_unless_credentials_may_refresh(
+    secret: dict[str, str] | None, params: dict[str, str], in_the_loop: bool
+) -> None:
+    signed_in: list[int] = []
+
+    def presign(key: str) -> str:
+        signed_in.append(threading.get_ident())
+        return f"https://store.example/{key}"
+
+    sign = _signer(presign, settings_for(req("s3://bucket/prefix", secret, **params)))
+    assert await sign("a/b") == "https://store.example/a/b"
+    assert (signed_in == [threading.get_ident()]) is in_the_loop

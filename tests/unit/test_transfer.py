@@ -13,6 +13,7 @@ import os
 import ssl
 import sys
 import time
+import urllib.request
 import zlib
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import replace
@@ -935,3 +936,27 @@ async def test_http_proxy_from_the_environment_is_used_and_no_proxy_bypasses_it(
         await origin.stop()
     assert len(proxy.ranges) == 3 and len(origin.ranges) == 3
     assert (tmp_path / "a").read_bytes() == data
+
+
+async def test_an_engine_session_reads_the_proxy_environment_once_per_origin(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    data = os.urandom(600 * KiB)
+    origin = await origin_for(data)
+    looked: list[int] = []
+    real = urllib.request.getproxies_environment
+
+    def counted() -> dict[str, str]:
+        looked.append(1)
+        return real()
+
+    monkeypatch.setattr(urllib.request, "getproxies_environment", counted)
+    try:
+        session = engine(FAST)
+        for name in ("a", "b", "c"):  # 3 parts each, on up to 4 slots: 9 requests
+            await session.download(origin.url, tmp_path / name, Expected(len(data), digests(data)))
+        assert len(origin.ranges) == 9 and len(looked) == 1
+        await engine(FAST).download(origin.url, tmp_path / "d", Expected(len(data)))  # a new session looks again
+        assert len(looked) == 2
+    finally:
+        await origin.stop()

@@ -139,6 +139,24 @@ class ResolveRecords(Protocol):
         ...
 
 
+def sized_files(candidates: Collection[tuple[Path, int]]) -> list[bool]:
+    """Blocking: for each ``(path, size)``, whether a regular file of that size (not a symlink) is there.
+
+    The first test of adopting a file the manifest does not record, made for every candidate in one thread call:
+    on a first fetch none is there, and a thread hop per file cost more than the test (20 small files: 2.4 ms).
+    Only a file that passes is hashed, one thread call each (so a fetch can be cancelled between them).
+    """
+    found = []
+    for path, size in candidates:
+        try:
+            st = path.lstat()
+        except OSError:
+            found.append(False)
+            continue
+        found.append(stat.S_ISREG(st.st_mode) and st.st_size == size)
+    return found
+
+
 def publish(request: FetchRequest, result: FetchResult) -> list[FileRecord]:
     """Move staged files into place and return the final records (with the published mtimes).
 

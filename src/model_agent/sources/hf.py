@@ -56,7 +56,14 @@ from urllib.parse import urljoin, urlsplit
 from model_agent.local.capacity import REGISTRY, Reservation, is_disk_full
 from model_agent.local.manifest import FileRecord, file_digest
 from model_agent.model.uris import parse_hf_uri
-from model_agent.sources.base import FetchRequest, FetchResult, ResolveRecords, SourceError, SourceRules
+from model_agent.sources.base import (
+    FetchRequest,
+    FetchResult,
+    ResolveRecords,
+    SourceError,
+    SourceRules,
+    sized_files,
+)
 from model_agent.sources.byte_sources import SourcedProgress
 from model_agent.sources.egress import takes_from_peers
 from model_agent.transfer import (
@@ -217,12 +224,15 @@ class HuggingFaceSource:
         same_dest = request.previous is not None and Path(request.previous.dest) == request.dest
         records: list[FileRecord] = []
         to_fetch: list[RemoteFile] = []
+        unrecorded = [f for f in remote_files if (f.sha256 or f.git_sha1) and not (same_dest and f.path in previous)]
+        there = await asyncio.to_thread(sized_files, [(request.dest / f.path, f.size) for f in unrecorded])
+        adoptable = {f.path for f, found in zip(unrecorded, there, strict=True) if found}
         for remote in remote_files:
             old = previous.get(remote.path) if same_dest else None
             if old is not None and _same_content(old, remote) and _intact(request.dest / remote.path, old):
                 records.append(old)
                 continue
-            if old is None:
+            if remote.path in adoptable:
                 # No record of this file, yet it may be there (a kill between publish and manifest, weights
                 # left by another agent): adopt it if its bytes hash to what the hub lists.
                 adopted = await asyncio.to_thread(_adoptable, request.dest / remote.path, remote)

@@ -26,7 +26,7 @@ from model_agent.transfer.config import Downloaded, Expected, HeaderSource, Rang
 from model_agent.transfer.hashing import SUPPORTED_CHECKSUMS
 from model_agent.transfer.job import Job
 from model_agent.transfer.splice import SplicePipe
-from model_agent.transfer.transport import SlotTransport, tls_context
+from model_agent.transfer.transport import Proxies, SlotTransport, tls_context
 
 if TYPE_CHECKING:
     import aiohttp
@@ -76,6 +76,7 @@ class RangedDownloader:
         )
         self._not_before = 0.0
         self._splice = self.config.splice  # turned off for good when the kernel refuses it once
+        self._proxies = Proxies()  # each origin's proxy, looked up once for the session's slots
 
     async def __aenter__(self) -> RangedDownloader:
         return self
@@ -146,7 +147,7 @@ class RangedDownloader:
 
     def _new_slot(self) -> Slot:
         cfg = self.config
-        transport = SlotTransport(self._tls_context, cfg.connect_timeout_s, cfg.read_timeout_s)
+        transport = SlotTransport(self._tls_context, cfg.connect_timeout_s, cfg.read_timeout_s, self._proxies)
         slot = Slot(transport, cfg.write_buffer)
         self._all.append(slot)
         return slot
