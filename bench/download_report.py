@@ -270,6 +270,18 @@ def verified_speed_verdicts(suite: Row, runs: list[Row]) -> list[Row]:
                         got >= 0.7 * bound,
                     )
                 )
+    peer, best = best_peer(runs, "W2", "disk")
+    for tool in AGENT_TRANSFER:
+        got = throughput(runs, "W2", "disk", tool)
+        if got is not None and best is not None:
+            out.append(
+                _verdict(
+                    "W2 to disk+fsync, verified: >= 1.0x the best peer",
+                    tool,
+                    f"{got / best:.2f}x {peer} ({_fmt(got)} vs {_fmt(best)} GB/s)",
+                    got >= best,
+                )
+            )
     for dest in sorted({r["dest"] for r in runs if r["workload"] == "W3"}):
         curl = throughput(runs, "W3", dest, "curl")
         for tool in ("agent-hf", "agent-s3"):
