@@ -298,17 +298,6 @@ def _classify(exc: BaseException, label: str, *, tenant: bool = False) -> Source
     return SourceError(Reason.SOURCE_ERROR, f"{label}: {type(exc).__name__}: {detail}")
 
 
-def _botocore_session() -> Any:
-    """botocore's session for every client, its responses' timestamps left as the text the store sent: the agent
-    reads none of them (a listing's ``LastModified``, a HEAD's), and parsing each cost about 35 us (1,000 keys:
-    35 ms of CPU per listing)."""
-    import botocore.session
-
-    session = botocore.session.get_session()
-    session.get_component("response_parser_factory").set_parser_defaults(timestamp_parser=str)
-    return session
-
-
 def _signer(presign: Callable[[str], str], settings: S3Settings) -> Callable[[str], Awaitable[str]]:
     """``presign`` as :class:`~model_agent.sources.objects.SignedUrls` calls it. Signing is local, but credentials
     of the SDK's chain may be temporary and refreshed first (a network call): in a thread. Unsigned requests and a
@@ -374,7 +363,7 @@ class S3Source(store.ObjectStoreFetch):
         )
         with self._session_lock:
             if self._session is None:
-                self._session = boto3.session.Session(botocore_session=_botocore_session())
+                self._session = boto3.session.Session()
             client = self._session.client(
                 "s3",
                 endpoint_url=settings.endpoint,
