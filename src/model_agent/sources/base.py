@@ -12,6 +12,7 @@ Sources must be cancellable: between files at the least.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import dataclasses
 import errno
@@ -155,6 +156,13 @@ def sized_files(candidates: Collection[tuple[Path, int]]) -> list[bool]:
             continue
         found.append(stat.S_ISREG(st.st_mode) and st.st_size == size)
     return found
+
+
+async def adoption_candidates(dest: Path, unrecorded: Collection[tuple[str, int]]) -> set[str]:
+    """Which of the files a manifest does not record (``(path below dest, listed size)``) may be adopted: those
+    :func:`sized_files` finds, in one thread call for all of them."""
+    there = await asyncio.to_thread(sized_files, [(dest / rel, size) for rel, size in unrecorded])
+    return {rel for (rel, _size), found in zip(unrecorded, there, strict=True) if found}
 
 
 def publish(request: FetchRequest, result: FetchResult) -> list[FileRecord]:

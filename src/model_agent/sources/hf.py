@@ -62,7 +62,7 @@ from model_agent.sources.base import (
     ResolveRecords,
     SourceError,
     SourceRules,
-    sized_files,
+    adoption_candidates,
 )
 from model_agent.sources.byte_sources import SourcedProgress
 from model_agent.sources.egress import takes_from_peers
@@ -224,9 +224,12 @@ class HuggingFaceSource:
         same_dest = request.previous is not None and Path(request.previous.dest) == request.dest
         records: list[FileRecord] = []
         to_fetch: list[RemoteFile] = []
-        unrecorded = [f for f in remote_files if (f.sha256 or f.git_sha1) and not (same_dest and f.path in previous)]
-        there = await asyncio.to_thread(sized_files, [(request.dest / f.path, f.size) for f in unrecorded])
-        adoptable = {f.path for f, found in zip(unrecorded, there, strict=True) if found}
+        unrecorded = [
+            (f.path, f.size)
+            for f in remote_files
+            if (f.sha256 or f.git_sha1) and not (same_dest and f.path in previous)
+        ]
+        adoptable = await adoption_candidates(request.dest, unrecorded)
         for remote in remote_files:
             old = previous.get(remote.path) if same_dest else None
             if old is not None and _same_content(old, remote) and _intact(request.dest / remote.path, old):

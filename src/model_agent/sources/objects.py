@@ -44,7 +44,7 @@ from model_agent.local.capacity import REGISTRY, CapacityRegistry, Reservation, 
 from model_agent.local.manifest import FileRecord
 from model_agent.model.reasons import Reason
 from model_agent.model.uris import InvalidStorageUri
-from model_agent.sources.base import FetchRequest, FetchResult, Progress, SourceError, SourceRules, sized_files
+from model_agent.sources.base import FetchRequest, FetchResult, Progress, SourceError, SourceRules, adoption_candidates
 from model_agent.sources.egress import guard_for
 from model_agent.transfer import (
     CONNECT_GUARD,
@@ -284,9 +284,8 @@ async def fetch_listed(
     same_dest = request.previous is not None and Path(request.previous.dest) == request.dest
     records: dict[str, FileRecord] = {}
     to_fetch: list[RemoteObject] = []
-    unrecorded = [o for o in objects if o.md5 is not None and not (same_dest and o.path in previous)]
-    there = await asyncio.to_thread(sized_files, [(request.dest / o.path, o.size) for o in unrecorded])
-    adoptable = {o.path for o, found in zip(unrecorded, there, strict=True) if found}
+    unrecorded = [(o.path, o.size) for o in objects if o.md5 is not None and not (same_dest and o.path in previous)]
+    adoptable = await adoption_candidates(request.dest, unrecorded)
     for obj in objects:
         old = previous.get(obj.path) if same_dest else None
         dest_file = request.dest / obj.path

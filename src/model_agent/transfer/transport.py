@@ -105,7 +105,7 @@ class Proxies:
         return found
 
 
-def route_for(url: str, proxies: Proxies | None = None) -> Route:
+def route_for(url: str, proxies: Proxies) -> Route:
     parts = urllib.parse.urlsplit(url)
     scheme = parts.scheme.lower()
     if scheme not in ("http", "https") or not parts.hostname:
@@ -115,7 +115,7 @@ def route_for(url: str, proxies: Proxies | None = None) -> Route:
     target = parts.path or "/"
     if parts.query:
         target = f"{target}?{parts.query}"
-    proxy, headers = (proxies or Proxies()).of(scheme, host, port)
+    proxy, headers = proxies.of(scheme, host, port)
     if proxy is None:
         return Route(scheme, host, port, target, None)
     if scheme == "http":
