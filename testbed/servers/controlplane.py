@@ -277,6 +277,24 @@ def _alive_and_ours(pid: int, marker: str) -> bool:
     return pid > 0 and marker in _cmdline(pid)
 
 
+def _running_or_ours(pid: int, marker: str) -> bool:
+    """For a component just started: ours, or a process whose command line is empty for a moment.
+
+    While ``execve`` replaces a process's image, ``/proc/<pid>/cmdline`` reads empty; a kubelet (a large binary)
+    was once read in that instant and taken for dead. An empty command line counts as alive unless the process is a
+    zombie (its state in ``/proc/<pid>/stat``): the next poll decides.
+    """
+    if _alive_and_ours(pid, marker):
+        return True
+    if pid <= 0 or _cmdline(pid):
+        return False
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state not in ("Z", "X")
+
+
 def _how_it_ended(pid: int) -> str:
     """Why a component is gone, as far as this process can tell: its exit status when it was our child (a
     component that died with an empty log was most likely killed by a signal), else what /proc says."""
@@ -533,7 +551,7 @@ async def poll_until_ready(
     last = first_reason
     while True:
         for name, pid in pids.items():
-            if not _alive_and_ours(pid, str(state_dir)):
+            if not _running_or_ours(pid, str(state_dir)):
                 how = _how_it_ended(pid)
                 raise ControlPlaneError(f"{name} exited during start-up ({how}): see {state_dir / (name + '.log')}")
         try:
