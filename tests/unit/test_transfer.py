@@ -329,6 +329,39 @@ async def test_small_file_is_one_plain_get(tmp_path: Path) -> None:
     assert got.digests == {"sha256": hashlib.sha256(data).hexdigest()}
 
 
+async def test_small_files_in_flight_follow_the_origins_wait(tmp_path: Path) -> None:
+    """Small files start two at a time (transfer.pacing); an origin that keeps each waiting opens every slot."""
+    data = os.urandom(4 * KiB)
+    origin = Origin(data)
+    origin.chunk = 1 * KiB
+    origin.delay = 0.02  # after each KiB: every file waits about 80 ms on its origin for a millisecond of work
+    in_flight, seen = 0, []  # seen: (requests in flight, body bytes sent so far) at each arrival
+    serve = origin.handle
+
+    async def counted(request: web.Request) -> web.StreamResponse:
+        nonlocal in_flight
+        in_flight += 1
+        seen.append((in_flight, origin.bytes_sent))
+        try:
+            return await serve(request)
+        finally:
+            in_flight -= 1
+
+    origin.handle = counted  # type: ignore[method-assign]
+    await origin.start()
+    config = replace(FAST, concurrency=8)
+    try:
+        dl = engine(config)
+        files = [tmp_path / f"f{i}" for i in range(24)]
+        await asyncio.gather(*(dl.download(origin.url, f, Expected(len(data), digests(data))) for f in files))
+    finally:
+        await origin.stop()
+    # Until a whole file was sent (and so before any was measured): two at once.
+    assert max(n for n, sent in seen if sent < len(data)) == 2
+    assert max(n for n, _ in seen) == config.concurrency  # then as many as the slots, each waiting on the origin
+    assert all(f.read_bytes() == data for f in files)
+
+
 async def test_small_file_is_recorded_only_once_complete_and_not_fetched_again(tmp_path: Path) -> None:
     data = os.urandom(100 * KiB)
     origin = await origin_for(data)

@@ -58,6 +58,7 @@ How (the modules, in the order the data meets them): :mod:`.config` (tuning, the
 result), :mod:`.engine` (the downloader: slots, threads, TLS, the shared pause), :mod:`.job` (one file:
 parts, records, hashing, verification), :mod:`.partmap` (the resume record), :mod:`.transport` (one
 keep-alive ``http.client`` connection per slot; TLS trust, proxies, the tenant connect guard),
+:mod:`.pacing` (how many small files at once: as many as the origin's wait needs),
 :mod:`.splice` (zero-copy receive on plain TCP), :mod:`.answers` (what a response means),
 :mod:`.hashing` (checksums over the page cache), :mod:`.disk` (preallocation, disk errors), :mod:`.aio`
 (thread work that can be waited for, task groups). One writer thread at a time per file; hashing runs

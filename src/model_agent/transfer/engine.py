@@ -25,6 +25,7 @@ from model_agent.model.errors import SourceError
 from model_agent.transfer.config import Downloaded, Expected, HeaderSource, RangedConfig, UrlSource
 from model_agent.transfer.hashing import SUPPORTED_CHECKSUMS
 from model_agent.transfer.job import Job
+from model_agent.transfer.pacing import SmallFileGate
 from model_agent.transfer.splice import SplicePipe
 from model_agent.transfer.transport import Proxies, SlotTransport, tls_context
 
@@ -67,6 +68,7 @@ class RangedDownloader:
         self.session = session
         self.config = config or RangedConfig()
         self._slots = asyncio.Semaphore(self.config.concurrency)
+        self._small_files = SmallFileGate(self.config.concurrency)  # small files at once: as the origin's wait asks
         self._free: list[Slot] = []  # slots not in use: buffers and connections reused across parts and files
         self._all: list[Slot] = []
         self._tls: ssl.SSLContext | None = None

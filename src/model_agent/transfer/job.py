@@ -20,6 +20,7 @@ import random
 import socket
 import ssl
 import threading
+import time
 from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -64,6 +65,17 @@ def fetched_in_one_request(size: int, part_size: int) -> bool:
     """Whether a file of ``size`` bytes is fetched by one GET per attempt (the small path), with parts of
     ``part_size``: only such a file can take checksums from its answer (``Expected.checksums_from_answer``)."""
     return 0 < size <= min(SMALL_FILE, part_size)
+
+
+def _open_making_folders(path: Path, flags: int) -> int:
+    """``os.open`` of ``path``, making its folders first when they are missing."""
+    try:
+        return os.open(path, flags, 0o644)
+    except FileNotFoundError:
+        if not flags & os.O_CREAT:
+            raise
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return os.open(path, flags, 0o644)
 
 
 _pwrite_all = pwrite_all  # the copying path's writes (a name of this module: tests fill the disk through it)
@@ -139,24 +151,24 @@ class Job:
         # One writer to the file at a time: parallel writers contend for the inode lock and the kernel spins on
         # it (measured: 1.7 -> 1.6 CPU-s/GB copying to tmpfs, and most of the gain of splice on ext4).
         self.write_lock = threading.Lock()
+        # Seconds the receive threads spent waiting on the origin (for an answer, for body bytes); the small path's
+        # last attempt: those seconds and the CPU seconds of its thread (the pacing of small files, transfer.pacing).
+        self.waited = 0.0
+        self.paced: tuple[float, float] | None = None
 
     # ------------------------------------------------------------------ open / state
 
     def _open(self) -> bool:
         """Load or reset the part map, open and preallocate the file. True when the file is already complete."""
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.state_path.parent.mkdir(parents=True, exist_ok=True)
+        # (Folders are made when a file or map is first written into them, not checked per file: under
+        # contention every system call of a small file's thread costs several times its own time.)
         old = PartMap.load(self.state_path)
-        try:
-            on_disk = self.path.stat().st_size
-        except FileNotFoundError:
-            on_disk = -1
-        usable = (
-            old is not None
-            and old.size == self.size
-            and old.validator == self.expected.validator
-            and on_disk == self.size
-        )
+        usable = old is not None and old.size == self.size and old.validator == self.expected.validator
+        if usable:
+            try:
+                usable = self.path.stat().st_size == self.size
+            except FileNotFoundError:
+                usable = False
         if usable and old is not None and old.complete:
             if all(alg in old.digests for alg in self.algorithms):
                 self.state = old
@@ -175,7 +187,7 @@ class Job:
             flags = os.O_RDWR | os.O_CREAT | os.O_TRUNC
         self.persist_progress = self.state.parts > 1
         try:
-            self.fd = os.open(self.path, flags, 0o644)
+            self.fd = _open_making_folders(self.path, flags)
         except OSError as exc:
             raise disk_error(self.label, exc, "creating the file") from exc
         if fetched_in_one_request(self.size, self.cfg.part_size):
@@ -242,8 +254,10 @@ class Job:
         completion: a kill re-fetches this one part, which is all that was in flight.
         """
         try:
-            async with self.dl._slot() as slot:
+            async with self.dl._small_files.admit(), self.dl._slot() as slot:
                 checked = await self._fetch_span(_Span(0, self.size), slot, self._small_request)
+            if self.paced is not None:
+                self.dl._small_files.observe(*self.paced)
             if checked is _ALREADY:
                 return Downloaded(self.path, self.size, self._digests(self.state.digests), 0, self.size, 0)
             # (not a list: every byte is in, but the attempt failed after them; the check is made now)
@@ -260,6 +274,7 @@ class Job:
         """Worker thread: open the file at the first attempt (:data:`_ALREADY` when a completed record makes it
         done), then the GET copied through the slot's buffer, so every byte is hashed as it is written; then the
         check (:meth:`_hash_rest_and_check`): its problems, none when the file is verified and recorded."""
+        waited, cpu = self.waited, time.thread_time()
         if self.fd < 0:
             if self._open():
                 span.pos = span.end
@@ -269,7 +284,9 @@ class Job:
                 self.state = PartMap.fresh(self.size, self.cfg.part_size, self.expected.validator)
                 self.resumed = 0
         self._request(slot, url, headers, span, whole, stop, splice=False, settle=True)
-        return self._hash_rest_and_check()
+        problems = self._hash_rest_and_check()
+        self.paced = (self.waited - waited, time.thread_time() - cpu)  # (read by the loop after this returns)
+        return problems
 
     def _settle_checksums(self, resp: http.client.HTTPResponse) -> None:
         """Small path, worker thread, before the first byte of the body is hashed: add the checksums the answer
@@ -483,7 +500,9 @@ class Job:
         answer's own checksums are taken first (:meth:`_settle_checksums`)."""
         try:
             key = slot.transport.key_of(url)
+            asked = time.perf_counter()
             resp = slot.transport.get(url, headers)
+            self.waited += time.perf_counter() - asked
         except ssl.SSLCertVerificationError as exc:  # (also a ValueError: first)
             raise SourceError("TLSError", f"{self.label}: certificate not trusted ({exc.verify_message})") from None
         except ValueError as exc:
@@ -526,7 +545,9 @@ class Job:
                 self._write_at(memoryview(data), span)
                 continue
             # readinto fills the buffer straight from the socket; never past the span, whatever the server sends.
+            asked = time.perf_counter()
             n = resp.readinto(view[: min(len(view), end - span.pos)])
+            self.waited += time.perf_counter() - asked
             if not n:
                 break
             self._write_at(view[:n], span)

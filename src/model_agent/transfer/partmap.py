@@ -104,7 +104,12 @@ class PartMap:
         """Replace the map atomically (a crash leaves the old map or the new one, never a mix)."""
         tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
         try:
-            with tmp.open("wb") as fh:
+            try:
+                fh = tmp.open("wb")
+            except FileNotFoundError:  # the first map of its folder
+                path.parent.mkdir(parents=True, exist_ok=True)
+                fh = tmp.open("wb")
+            with fh:
                 fh.write(self.to_json())
             os.replace(tmp, path)
         except BaseException:
