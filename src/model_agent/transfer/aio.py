@@ -61,6 +61,11 @@ class Io:
         self._inflight.add(fut)
         fut.add_done_callback(self._inflight.discard)
 
+    @property
+    def idle(self) -> bool:
+        """No tracked work is running."""
+        return not self._inflight
+
     async def drain(self) -> None:
         while self._inflight:
             await asyncio.to_thread(concurrent.futures.wait, list(self._inflight))

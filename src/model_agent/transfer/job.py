@@ -78,6 +78,10 @@ def _open_making_folders(path: Path, flags: int) -> int:
     return os.open(path, flags, 0o644)
 
 
+def _nobody_waits(_pos: int) -> None:
+    """The small path's hash cursor moved: no hash loop or worker waits on it."""
+
+
 _pwrite_all = pwrite_all  # the copying path's writes (a name of this module: tests fill the disk through it)
 
 
@@ -121,6 +125,10 @@ class Job:
         self.on_written = on_written
         self.parts_at_once = min(self.cfg.concurrency, parts_at_once or self.cfg.concurrency)
         self.report_step = RELAY_STEP if on_written is not None else PROGRESS_STEP
+        # The small path (one request per attempt): nothing waits on its hash cursor, and unless a relay passes its
+        # bytes on, its writes are reported once the attempt ends: no wake-up of the event loop per write or hash.
+        self.small = fetched_in_one_request(self.size, self.cfg.part_size)
+        self.deferred = 0 if self.small and on_written is None else -1  # bytes written, not yet reported (-1: off)
         self.reservation = reservation
         self.algorithms = sorted({"sha256", *expected.checksums})
         self.io = Io()
@@ -135,7 +143,7 @@ class Job:
         self.frontier = 0  # parts [0, frontier) are all done
         self.part_event = asyncio.Event()
         # The file's hashers, fed in file order by receive threads and the hash loop (see _hash_loop).
-        self.ordered = OrderedHash([new_hasher(alg, self.size) for alg in self.algorithms], self._hash_advanced)
+        self.ordered = OrderedHash([new_hasher(alg, self.size) for alg in self.algorithms], self._on_hash_advance())
         # How far the hash has got, for the transfer's lead over it (see _hash_caught_up); set on the loop.
         self.hashed = 0
         self.hash_progress = asyncio.Event()
@@ -255,7 +263,10 @@ class Job:
         """
         try:
             async with self.dl._small_files.admit(), self.dl._slot() as slot:
-                checked = await self._fetch_span(_Span(0, self.size), slot, self._small_request)
+                try:
+                    checked = await self._fetch_span(_Span(0, self.size), slot, self._small_request)
+                finally:
+                    self._report_deferred()
             if self.paced is not None:
                 self.dl._small_files.observe(*self.paced)
             if checked is _ALREADY:
@@ -265,8 +276,9 @@ class Job:
             await self._settle_check(problems)
             return Downloaded(self.path, self.size, dict(self.state.digests), self.fetched, self.resumed, self.requests)
         finally:
-            cleanup = asyncio.ensure_future(self._shutdown())
-            await asyncio.shield(cleanup)
+            if self.fd >= 0 or not self.io.idle:  # (verified, the thread closed the file: nothing to clean up)
+                cleanup = asyncio.ensure_future(self._shutdown())
+                await asyncio.shield(cleanup)
 
     def _small_request(
         self, slot: Slot, url: str, headers: dict[str, str], span: _Span, whole: bool, stop: threading.Event
@@ -285,6 +297,9 @@ class Job:
                 self.resumed = 0
         self._request(slot, url, headers, span, whole, stop, splice=False, settle=True)
         problems = self._hash_rest_and_check()
+        if not problems:  # verified, synced and recorded: nothing uses the file any more
+            fd, self.fd = self.fd, -1
+            os.close(fd)
         self.paced = (self.waited - waited, time.thread_time() - cpu)  # (read by the loop after this returns)
         return problems
 
@@ -299,7 +314,7 @@ class Job:
         checksums = {**found, **self.expected.checksums}
         self.expected = dataclasses.replace(self.expected, checksums=checksums, checksums_from_answer=None)
         self.algorithms = sorted({"sha256", *checksums})
-        self.ordered = OrderedHash([new_hasher(alg, self.size) for alg in self.algorithms], self._hash_advanced)
+        self.ordered = OrderedHash([new_hasher(alg, self.size) for alg in self.algorithms], self._on_hash_advance())
 
     def _hash_rest_and_check(self) -> list[str]:
         """Any thread, once every byte is in the file: hash what the buffers did not (nothing, copying in order;
@@ -627,7 +642,15 @@ class Job:
 
     def _report(self, start: int, n: int) -> None:
         """Worker thread: ``n`` bytes from ``start`` are in the file."""
+        if self.deferred >= 0:
+            self.deferred += n  # (reported by the event loop when the attempt's thread call ends: _report_deferred)
+            return
         self.loop.call_soon_threadsafe(self._wrote, n, start + n)
+
+    def _report_deferred(self) -> None:
+        n, self.deferred = self.deferred, 0
+        if n > 0:
+            self._wrote(n, n)
 
     def _wrote(self, n: int, pos: int) -> None:
         self.fetched += n
@@ -705,6 +728,9 @@ class Job:
             self.hash_over = True  # whatever happens, no worker waits for a hash that will not come
             self.hash_progress.set()
         return {alg: h.hexdigest() for alg, h in zip(self.algorithms, ordered.hashers, strict=True)}
+
+    def _on_hash_advance(self) -> Callable[[int], None]:
+        return _nobody_waits if self.small else self._hash_advanced
 
     def _hash_advanced(self, pos: int) -> None:
         """Any thread: the hash cursor is at ``pos``; tell the event loop (the hash loop and the workers wait on it)."""
