@@ -7,7 +7,7 @@ import contextlib
 
 import pytest
 
-from model_agent.transfer.pacing import MIN_IN_FLIGHT, SmallFileGate, small_files_in_flight
+from model_agent.transfer.pacing import MIN_IN_FLIGHT, WINDOW, SmallFileGate, small_files_in_flight
 from tests.support.waiting import until
 
 
@@ -57,13 +57,18 @@ async def test_the_gate_starts_at_two_and_opens_as_far_origins_are_seen() -> Non
     assert gate._active == 0
 
 
-async def test_a_near_origin_keeps_the_gate_narrow_and_averages_one_slow_file_away() -> None:
+async def test_a_near_origin_keeps_the_gate_narrow_whatever_a_few_files_waited() -> None:
+    """The least recent wait stands for the origin: files that waited for the interpreter lock or a busy core
+    (contention, not distance) do not open the gate; a run of long waits (a far or slowed origin) does."""
     gate = SmallFileGate(cap=8)
     for _ in range(5):
         gate.observe(waited_s=0.0002, cpu_s=0.001)
     assert gate.limit == MIN_IN_FLIGHT
-    gate.observe(waited_s=0.004, cpu_s=0.001)  # one slow answer moves the average, not to the cap
-    assert MIN_IN_FLIGHT < gate.limit < 8
+    for _ in range(WINDOW - 1):
+        gate.observe(waited_s=0.004, cpu_s=0.001)
+    assert gate.limit == MIN_IN_FLIGHT  # one near answer is still in the window
+    gate.observe(waited_s=0.004, cpu_s=0.001)
+    assert gate.limit == 5  # 1 + 4 ms waited / 1 ms of CPU
 
 
 async def test_a_cancelled_waiter_holds_nothing() -> None:
