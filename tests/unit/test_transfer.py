@@ -60,6 +60,8 @@ class Origin:
         self.targets: list[str] = []  # request targets as sent (absolute when the client talks to a proxy)
         self.hosts: list[str] = []
         self.answer_headers: dict[str, str] = {}  # added to every 200/206 answer
+        self.in_flight = 0  # requests being answered now
+        self.arrivals: list[tuple[int, int]] = []  # at each request's arrival: (requests in flight, body bytes sent)
         self.runner: web.AppRunner | None = None
         self.url = ""
 
@@ -84,6 +86,14 @@ class Origin:
         return web.Response(status=status, headers=headers)
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
+        self.in_flight += 1
+        self.arrivals.append((self.in_flight, self.bytes_sent))
+        try:
+            return await self._answer_request(request)
+        finally:
+            self.in_flight -= 1
+
+    async def _answer_request(self, request: web.Request) -> web.StreamResponse:
         rng = request.headers.get("Range")
         self.ranges.append(rng)
         self.targets.append(request.raw_path if "://" not in str(request.url) else str(request.url))
@@ -335,19 +345,6 @@ async def test_small_files_in_flight_follow_the_origins_wait(tmp_path: Path) -> 
     origin = Origin(data)
     origin.chunk = 1 * KiB
     origin.delay = 0.02  # after each KiB: every file waits about 80 ms on its origin for a millisecond of work
-    in_flight, seen = 0, []  # seen: (requests in flight, body bytes sent so far) at each arrival
-    serve = origin.handle
-
-    async def counted(request: web.Request) -> web.StreamResponse:
-        nonlocal in_flight
-        in_flight += 1
-        seen.append((in_flight, origin.bytes_sent))
-        try:
-            return await serve(request)
-        finally:
-            in_flight -= 1
-
-    origin.handle = counted  # type: ignore[method-assign]
     await origin.start()
     config = replace(FAST, concurrency=8)
     try:
@@ -357,8 +354,10 @@ async def test_small_files_in_flight_follow_the_origins_wait(tmp_path: Path) -> 
     finally:
         await origin.stop()
     # Until a whole file was sent (and so before any was measured): two at once.
-    assert max(n for n, sent in seen if sent < len(data)) == 2
-    assert max(n for n, _ in seen) == config.concurrency  # then as many as the slots, each waiting on the origin
+    assert max(n for n, sent in origin.arrivals if sent < len(data)) == 2
+    assert (
+        max(n for n, _ in origin.arrivals) == config.concurrency
+    )  # then as many as the slots, each waiting on the origin
     assert all(f.read_bytes() == data for f in files)
 
 
@@ -566,27 +565,16 @@ async def test_parts_at_once_caps_one_files_requests_in_flight(tmp_path: Path) -
     data = os.urandom(8 * FAST.part_size)
     origin = Origin(data)
     origin.delay = 0.005  # parts overlap
-    in_flight, most = 0, 0
-    serve = origin.handle
-
-    async def counted(request: web.Request) -> web.StreamResponse:
-        nonlocal in_flight, most
-        in_flight += 1
-        most = max(most, in_flight)
-        try:
-            return await serve(request)
-        finally:
-            in_flight -= 1
-
-    origin.handle = counted  # type: ignore[method-assign]
     await origin.start()
     try:
         dl = engine(FAST)
         capped = await dl.download(origin.url, tmp_path / "a", Expected(len(data), digests(data)), parts_at_once=2)
-        assert most == 2 and capped.digests == digests(data)
-        most = 0
+        assert max(n for n, _ in origin.arrivals) == 2 and capped.digests == digests(data)
+        origin.arrivals.clear()
         await dl.download(origin.url, tmp_path / "b", Expected(len(data), digests(data)))
-        assert most == FAST.concurrency  # (without the cap the session's slots are the limit)
+        assert (
+            max(n for n, _ in origin.arrivals) == FAST.concurrency
+        )  # (without the cap the session's slots are the limit)
     finally:
         await origin.stop()
 
