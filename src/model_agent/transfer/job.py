@@ -198,7 +198,7 @@ class Job:
             self.fd = _open_making_folders(self.path, flags)
         except OSError as exc:
             raise disk_error(self.label, exc, "creating the file") from exc
-        if fetched_in_one_request(self.size, self.cfg.part_size):
+        if self.small:
             # Written at once by one request: no preallocation (a full disk is the write's ENOSPC, which keeps
             # the file as InsufficientDisk too) and no block count; its size stands for what it allocates. Three
             # syscalls of a ~1 ms file: 20 small files 19-25 -> 16-19 ms with the single route below.
@@ -234,7 +234,7 @@ class Job:
     # ------------------------------------------------------------------ run
 
     async def run(self) -> Downloaded:
-        if fetched_in_one_request(self.size, self.cfg.part_size):  # (an empty file needs no request: the part path)
+        if self.small:  # (an empty file needs no request: the part path)
             return await self._run_small()
         if self.expected.checksums_from_answer is not None:
             raise ValueError(f"{self.label}: checksums from the answer need a file fetched in one request")
