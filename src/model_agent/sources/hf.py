@@ -11,7 +11,7 @@ Two data paths, by file:
 * LFS files (the weights; the hub lists their sha256) go through the ranged engine
   (:mod:`model_agent.transfer`): one metadata ``HEAD`` of the resolve URL gives where the bytes are (the
   hub redirects to its CDN; a mirror may serve them itself), then parallel ranged GETs into a preallocated
-  file with a part map that survives a kill, sha256 hashed beside the transfer; four files at a time, the
+  file with a part map that survives a kill, sha256 hashed beside the transfer; eight files at a time, the
   largest first. The location is looked up again every ten minutes, since CDN URLs are signed for a limited
   time. The token is sent only to the endpoint's own host, never to the CDN. A server that ignores ``Range``
   (olah does) is fetched as one stream. Why not ``hf_hub_download`` for these: it moves one stream per file
@@ -57,6 +57,7 @@ from model_agent.local.capacity import REGISTRY, Reservation, is_disk_full
 from model_agent.local.manifest import FileRecord, file_digest
 from model_agent.model.uris import parse_hf_uri
 from model_agent.sources.base import (
+    FILES_AT_ONCE,
     FetchRequest,
     FetchResult,
     ResolveRecords,
@@ -81,7 +82,7 @@ from model_agent.transfer import (
 if TYPE_CHECKING:
     from model_agent.peers.fetch import PeerFetcher
 
-MAX_PARALLEL_FILES = 4
+MAX_PARALLEL_FILES = FILES_AT_ONCE  # as the object stores (sources/base.py says what was measured)
 RELAY_ORIGIN_CONCURRENCY = 2  # requests at once per relayed file from the origin (see _download)
 METADATA_TIMEOUT_S = 30.0
 LOCATION_RENEW_S = 600.0  # CDN URLs are signed for about an hour; look the location up again well before
@@ -270,7 +271,7 @@ class HuggingFaceSource:
         reservation: Reservation,
     ) -> list[FileRecord]:
         """Every file through one engine session: LFS files in parallel ranges against their sha256, small files
-        in one GET each against their git blob sha1; resumable part maps, four files at a time, largest first."""
+        in one GET each against their git blob sha1; resumable part maps, eight files at a time, largest first."""
         if not files:
             return []
         from huggingface_hub import constants as hf_constants

@@ -44,7 +44,15 @@ from model_agent.local.capacity import REGISTRY, CapacityRegistry, Reservation, 
 from model_agent.local.manifest import FileRecord
 from model_agent.model.reasons import Reason
 from model_agent.model.uris import InvalidStorageUri
-from model_agent.sources.base import FetchRequest, FetchResult, Progress, SourceError, SourceRules, adoption_candidates
+from model_agent.sources.base import (
+    FILES_AT_ONCE,
+    FetchRequest,
+    FetchResult,
+    Progress,
+    SourceError,
+    SourceRules,
+    adoption_candidates,
+)
 from model_agent.sources.egress import guard_for
 from model_agent.transfer import (
     CONNECT_GUARD,
@@ -325,7 +333,7 @@ async def fetch_listed(
 class StoreTuning(TypedDict, total=False):
     """What every object-store source is built with (each optional): the ranged engine's tuning (default: its
     measured defaults), the disk capacity registry it reserves from (default: the process's) and how many files
-    of one model it fetches at once (default 8)."""
+    of one model it fetches at once (default :data:`~model_agent.sources.base.FILES_AT_ONCE`)."""
 
     ranged: RangedConfig | None
     capacity: CapacityRegistry | None
@@ -342,7 +350,7 @@ class ObjectStoreFetch:
     def __init__(self, **tuning: Unpack[StoreTuning]) -> None:
         self.ranged: RangedConfig = tuning.get("ranged") or RangedConfig()
         self.capacity: CapacityRegistry = tuning.get("capacity") or REGISTRY
-        self.max_parallel_files: int = tuning.get("max_parallel_files", 8)
+        self.max_parallel_files: int = tuning.get("max_parallel_files", FILES_AT_ONCE)
 
     async def fetch_objects(
         self,
