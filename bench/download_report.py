@@ -407,7 +407,7 @@ def markdown(suite: Row, runs: list[Row], found: list[Row]) -> str:
         "- Xet (`hf_xet`, the Hub's default transport) cannot be benchmarked offline: it needs the Hub's CAS "
         "service. `hf download` runs with `HF_HUB_DISABLE_XET=1` (plain HTTP).",
         "- The agent: `bench/agent_fetch.py` — `agent-s3` = `S3Source` + `publish`, `agent-hf` = "
-        "`HuggingFaceSource` + `publish` (huggingface_hub resolves and lists; LFS files through the ranged engine, small files through `hf_hub_download`), `agent-ranged` = the raw "
+        "`HuggingFaceSource` + `publish` (huggingface_hub resolves and lists; LFS files through the ranged engine, small files through the same engine, one GET each), `agent-ranged` = the raw "
         f"`RangedDownloader` on plain HTTP; engine defaults {suite.get('ranged_config')}.",
         "",
         "Versions:",
