@@ -46,12 +46,10 @@ from typing import Any
 os.environ.setdefault("HF_HUB_DISABLE_XET", "1")
 os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 
-from model_agent.sources.base import FetchRequest, SourceError, publish
+from model_agent.sources.base import FILES_AT_ONCE, FetchRequest, SourceError, publish
 
 # Each mode imports only what the agent would load for that source (the agent imports sources lazily too),
 # so start-up cost and idle memory are not inflated by the other sources' libraries.
-
-MAX_PARALLEL_FILES = 8
 
 
 def _request(uri: str, dest: Path, parameters: dict[str, str]) -> FetchRequest:
@@ -99,7 +97,7 @@ async def fetch_ranged(args: argparse.Namespace) -> int:
         if args.idle:
             return 0
         staging.mkdir(parents=True, exist_ok=True)  # inside dest, which is created too
-        gate = asyncio.Semaphore(MAX_PARALLEL_FILES)
+        gate = asyncio.Semaphore(FILES_AT_ONCE)  # as the sources
 
         async def one(entry: dict[str, object]) -> None:
             path = str(entry["path"])
