@@ -31,6 +31,7 @@ from cryptography.x509.oid import NameOID
 from model_agent.local.capacity import CapacityRegistry, DiskReserve, DiskUsage
 from model_agent.sources.base import SourceError
 from model_agent.transfer import Expected, RangedConfig, RangedDownloader, fetched_in_one_request, hashing, job, splice
+from model_agent.transfer.partmap import PartMap
 from tests.support.waiting import eventually, until
 
 KiB = 1024
@@ -384,6 +385,37 @@ async def test_small_file_is_recorded_only_once_complete_and_not_fetched_again(t
         await origin.stop()
     assert len(origin.ranges) == before
     assert again.requests == 0 and again.fetched_bytes == 0 and again.resumed_bytes == len(data)
+
+
+async def test_a_torn_completion_record_of_a_small_file_is_trusted_for_nothing(tmp_path: Path) -> None:
+    """A kill while the record of a small file is written leaves part of it: the file is fetched again, whole."""
+    data = os.urandom(100 * KiB)
+    origin = await origin_for(data)
+    dest, state = tmp_path / "f", tmp_path / "f.parts.json"
+    dest.write_bytes(data)
+    state.write_bytes(b'{"complete": true, "digests": {"sha2')
+    try:
+        got = await engine(FAST).download(origin.url, dest, Expected(len(data), digests(data), '"v1"'))
+    finally:
+        await origin.stop()
+    assert origin.ranges == [None] and got.fetched_bytes == len(data)
+    assert json.loads(state.read_text())["complete"] is True
+
+
+async def test_a_small_file_is_recorded_complete_over_an_unfinished_map_of_its_own(tmp_path: Path) -> None:
+    """An unfinished map that still fits (no part done) stays where it is until the record replaces it."""
+    data = os.urandom(100 * KiB)
+    origin = await origin_for(data)
+    dest, state = tmp_path / "f", tmp_path / "f.parts.json"
+    dest.write_bytes(bytes(len(data)))
+    state.write_bytes(PartMap.fresh(len(data), FAST.part_size, '"v1"').to_json())
+    try:
+        await engine(FAST).download(origin.url, dest, Expected(len(data), digests(data), '"v1"'))
+    finally:
+        await origin.stop()
+    assert dest.read_bytes() == data
+    assert json.loads(state.read_text())["complete"] is True
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["f", "f.parts.json"]
 
 
 async def test_small_file_with_a_flipped_byte_is_refused_and_deleted(tmp_path: Path) -> None:

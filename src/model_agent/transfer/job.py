@@ -170,7 +170,10 @@ class Job:
         """Load or reset the part map, open and preallocate the file. True when the file is already complete."""
         # (Folders are made when a file or map is first written into them, not checked per file: under
         # contention every system call of a small file's thread costs several times its own time.)
-        old = PartMap.load(self.state_path)
+        try:
+            old, present = PartMap.read(self.state_path), True
+        except FileNotFoundError:
+            old, present = None, False
         usable = old is not None and old.size == self.size and old.validator == self.expected.validator
         if usable:
             try:
@@ -190,8 +193,9 @@ class Job:
             self.state = PartMap.fresh(self.size, self.cfg.part_size, self.expected.validator)
             self.recorded = self.state.copy()
             # Forget old progress before touching the data, so no map ever describes bytes we overwrite.
-            with contextlib.suppress(FileNotFoundError):
-                self.state_path.unlink()
+            if present:
+                with contextlib.suppress(FileNotFoundError):
+                    self.state_path.unlink()
             flags = os.O_RDWR | os.O_CREAT | os.O_TRUNC
         self.persist_progress = self.state.parts > 1
         try:
@@ -764,7 +768,10 @@ class Job:
         self.state.complete = True
         self.state.digests = dict(digests)
         try:
-            self.state.save(self.state_path)
+            if self.small:  # (no map is on disk: none was, or _open and _small_request removed it)
+                self.state.create(self.state_path)
+            else:
+                self.state.save(self.state_path)
         except OSError as exc:
             raise disk_error(self.label, exc, "recording completion") from exc
         return []
