@@ -21,7 +21,8 @@ from model_agent.agent.artifact_reuse import (
     shared_target,
     sibling_state,
 )
-from model_agent.local.layout import Layout, PathRefused
+from model_agent.local.artifacts import LinkRecords
+from model_agent.local.layout import Layout, PathRefused, token_for
 from model_agent.local.manifest import FileRecord, Manifest, ManifestStore
 
 SHA = "0e9e39f249a16976918f6564b8830bc894c89659"
@@ -113,6 +114,23 @@ def test_link_child_is_relative_replaces_only_links_and_release_removes_only_its
     (tmp_path / "a").symlink_to("/etc")
     release_child(layout, "k")
     assert (tmp_path / "a").is_symlink()
+
+
+@pytest.mark.parametrize(
+    "body",
+    ["[]", "1", '"k"', "null", '{"key": "k", "link": "/a"}', "[" * 100_000 + "]" * 100_000],
+    ids=["list", "number", "string", "null", "no parent", "nested past any recursion limit"],
+)
+def test_a_link_record_of_the_wrong_shape_reads_as_none_and_releases_nothing(tmp_path: Path, body: str) -> None:
+    layout = Layout(tmp_path)
+    layout.ensure()
+    parent = tmp_path / "_artifacts" / "p"
+    parent.mkdir(parents=True)
+    link_child(layout, "k", tmp_path / "a", parent)
+    (LinkRecords(layout).directory / f"{token_for('k')}.json").write_text(body)
+    assert LinkRecords(layout).load("k") is None
+    release_child(layout, "k")
+    assert (tmp_path / "a").is_symlink()  # no record: the link is left alone
 
 
 def test_a_real_directory_at_the_path_means_an_ordinary_fetch(tmp_path: Path) -> None:

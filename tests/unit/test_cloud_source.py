@@ -73,6 +73,17 @@ def test_gcs_secret_needs_a_service_account_key() -> None:
         assert err.value.reason == "SecretInvalid"
 
 
+@pytest.mark.parametrize(
+    "value",
+    ["[]", "1", '"x"', "null", '{"client_email": [], "private_key": ""}', "[" * 100_000 + "]" * 100_000],
+    ids=["list", "number", "string", "null", "fields empty", "nested past any recursion limit"],
+)
+def test_a_service_account_key_of_the_wrong_shape_is_an_invalid_secret(value: str) -> None:
+    with pytest.raises(SourceError) as err:
+        gcs_credentials({"serviceAccountKey": value})
+    assert err.value.reason == "SecretInvalid"
+
+
 def test_azure_secret_kinds_in_order() -> None:
     assert azure_credentials(None) == {}
     assert azure_credentials({"AZURE_STORAGE_ACCOUNT_KEY": "k", "sasToken": "sv=1"}) == {"account_key": "k"}

@@ -132,3 +132,29 @@ def test_a_garbled_record_quarantines_nothing(tmp_path: Path) -> None:
     assert not agent.verdict(KEY, "uid-1", 3).quarantined
     agent.begin(KEY, "uid-1", 3, Step.LISTING)
     agent.end(KEY)
+
+
+DEEP = "[" * 100_000 + "]" * 100_000  # well-formed JSON nested past any recursion limit
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "[]",
+        "1",
+        '"x"',
+        "null",
+        json.dumps({"key": KEY, "spec": SPEC, "crashes": []}),
+        json.dumps({"key": KEY, "spec": SPEC, "crashes": 0})[:-2] + "1e999}",  # int(inf)
+        json.dumps({"key": KEY, "spec": SPEC, "crashes": 5, "started_at": 10**400}),  # float(10**400)
+        DEEP,
+    ],
+    ids=["list", "number", "string", "null", "crashes a list", "crashes infinite", "started_at huge", "deep"],
+)
+def test_a_record_of_the_wrong_shape_reads_as_absent(tmp_path: Path, text: str) -> None:
+    directory = tmp_path / "attempts"
+    directory.mkdir()
+    (directory / "x.json").write_text(text)
+    agent = CrashRecords(directory)
+    assert agent.get(KEY) is None
+    assert not agent.verdict(KEY, "uid-1", 3).quarantined

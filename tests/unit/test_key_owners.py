@@ -159,8 +159,17 @@ def test_owners(
         ({HUGE.configmap_key: "{garbled"}, (), "truncated"),
         ({HUGE.configmap_key: json.dumps({"name": "someone-else", "status": "Ready"})}, (), "truncated"),
         ({"team-a.basemodel.": "{}"}, (), "not a model key"),
+        ({HUGE.configmap_key: "[" * 100_000 + "]" * 100_000}, (), "truncated"),  # nested past any recursion limit
     ],
-    ids=["foreign label", "over-budget label", "over-budget key", "garbled entry", "entry of another", "empty name"],
+    ids=[
+        "foreign label",
+        "over-budget label",
+        "over-budget key",
+        "garbled entry",
+        "entry of another",
+        "empty name",
+        "deeply nested entry",
+    ],
 )
 def test_what_maps_to_nothing(raw_entries: dict[str, str], raw_labels: tuple[str, ...], why: str) -> None:
     owners = owners_of(raw_entries=raw_entries, raw_labels=raw_labels)

@@ -449,6 +449,27 @@ def test_gemma3_explicit_and_original_context(tmp_path: Path) -> None:
     assert parse_model_dir(tmp_path / "b").max_tokens == 131072
 
 
+@pytest.mark.parametrize(
+    ("factor", "max_tokens"),
+    [
+        (2.0, 32768),
+        (10**400, 131072),  # beyond float64: no factor, the default
+        ([8], 131072),
+        ("8", 131072),
+        (True, 131072),
+        (None, 131072),
+        (1e308, None),  # a product beyond int64 (inf): out of range, unknown
+        (1e12, None),
+    ],
+    ids=["factor 2", "huge integer", "a list", "a string", "a bool", "null", "product infinite", "product huge"],
+)
+def test_gemma3_scaled_context_with_a_factor_of_any_shape(tmp_path: Path, factor: Any, max_tokens: int | None) -> None:
+    cfg = json.loads(json.dumps(GEMMA3_CONFIG))
+    cfg["text_config"]["rope_scaling"] = {"factor": factor, "original_max_position_embeddings": 16384}
+    write_json(tmp_path / "config.json", cfg)
+    assert parse_model_dir(tmp_path).max_tokens == max_tokens
+
+
 def test_gemma3_text_uses_max_position_embeddings(tmp_path: Path) -> None:
     cfg = {"model_type": "gemma3_text", "max_position_embeddings": 32768, "sliding_window": 512}
     write_json(tmp_path / "config.json", cfg)

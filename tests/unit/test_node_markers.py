@@ -57,6 +57,18 @@ def test_garbled_and_foreign_files_are_not_markers(tmp_path: Path) -> None:
     assert unreadable == ["node-x", "node-y"]
 
 
+@pytest.mark.parametrize(
+    "body",
+    ["[]", "1", '"node-x"', "null", '{"node": ["node-x"]}', "[" * 100_000 + "]" * 100_000],
+    ids=["list", "number", "string", "null", "node a list", "deep"],
+)
+def test_a_marker_of_the_wrong_shape_is_unreadable(tmp_path: Path, body: str) -> None:
+    private = tmp_path / ".model-agent"
+    write_marker(private, "node-a")
+    (markers_dir(private) / "node-x").write_text(body)
+    assert read_markers(private) == (["node-a"], ["node-x"])
+
+
 def test_no_directory_reads_as_no_marker(tmp_path: Path) -> None:
     assert read_markers(tmp_path / "nothing") == ([], [])
 

@@ -842,3 +842,80 @@ def test_a_spec_naming_the_same_directory_differently_still_wants_it(tmp_path: P
     assert _wants({"spec": {"storage": {"storageUri": "hf://a/b", "path": raw}}}, "hf://a/b", dest)
     assert not _same_dir({"path": str(real / "y")}, dest)
     assert _same_dir({"storageUri": f"local://{dest}"}, dest)  # local:// without a path names the URI's
+
+
+DEEP = "[" * 100_000 + "]" * 100_000  # well-formed JSON nested past any recursion limit
+MANIFEST_DOC: dict[str, Any] = {
+    "key": REF.key,
+    "uid": UID,
+    "storage_uri": URI,
+    "dest": "/m",
+    "files": [{"path": "a", "size": 1}],
+}
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "[]",
+        "1",
+        '"x"',
+        "null",
+        DEEP,
+        json.dumps(MANIFEST_DOC | {"dest": []}),
+        json.dumps(MANIFEST_DOC | {"key": None}),
+        json.dumps(MANIFEST_DOC | {"generation": True}),
+        json.dumps(MANIFEST_DOC | {"generation": 1.5}),
+        json.dumps(MANIFEST_DOC | {"generation": 2**64}),
+        json.dumps(MANIFEST_DOC | {"published_at": 10**400}),
+        json.dumps(MANIFEST_DOC)[:-1] + ', "verified_at": 1e999}',  # inf
+        json.dumps(MANIFEST_DOC | {"owned": 1}),
+        json.dumps(MANIFEST_DOC | {"metadata": []}),
+        json.dumps(MANIFEST_DOC | {"files": {}}),
+        json.dumps(MANIFEST_DOC | {"files": ["a"]}),
+        json.dumps(MANIFEST_DOC | {"files": [{"path": [], "size": 1}]}),
+        json.dumps(MANIFEST_DOC | {"files": [{"path": "a", "size": "1"}]}),
+        json.dumps(MANIFEST_DOC | {"files": [{"path": "a", "size": 1, "sha256": 5}]}),
+    ],
+    ids=[
+        "list",
+        "number",
+        "string",
+        "null",
+        "deep",
+        "dest a list",
+        "key null",
+        "generation a bool",
+        "generation a float",
+        "generation beyond int64",
+        "published_at beyond float",
+        "verified_at infinite",
+        "owned a number",
+        "metadata a list",
+        "files an object",
+        "a file a string",
+        "a path a list",
+        "a size a string",
+        "a sha256 a number",
+    ],
+)
+def test_a_manifest_of_the_wrong_shape_reads_as_absent_with_a_problem(tmp_path: Path, text: str) -> None:
+    layout = Layout(tmp_path / "root")
+    layout.ensure()
+    path = layout.primary.manifests / f"{token_for(REF.key)}.json"
+    path.write_text(text)
+    store = ManifestStore(layout)
+    assert store.load(REF.key) is None
+    assert store.problems[str(path)].startswith("unreadable manifest")
+    assert list(store.all()) == []
+
+
+def test_fields_a_newer_version_adds_to_a_file_record_are_ignored() -> None:
+    doc = MANIFEST_DOC | {"files": [{"path": "a", "size": 1, "from_a_newer_version": [1]}]}
+    assert Manifest.from_json(json.dumps(doc)).files == [FileRecord("a", 1)]
+
+
+@pytest.mark.parametrize("name", ["a\x00b", "\ud800"], ids=["NUL", "lone surrogate"])
+def test_a_recorded_path_no_file_can_have_is_missing_to_the_fast_check(tmp_path: Path, name: str) -> None:
+    manifest = Manifest(key=REF.key, uid=UID, storage_uri=URI, dest=str(tmp_path), files=[FileRecord(name, 1)])
+    assert manifest.fast_check() == [f"{name}: missing"]

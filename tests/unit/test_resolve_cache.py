@@ -8,6 +8,7 @@ wait has a deadline.
 from __future__ import annotations
 
 import asyncio
+import json
 from typing import Any
 
 import pytest
@@ -20,7 +21,7 @@ from tests.unit.test_shared_root import LeaseApi
 NS = "ome"
 URI = "hf://org/model"
 COMMIT = "a" * 40
-FILES = [{"path": "model.safetensors", "size": 3, "sha256": "b" * 64}]
+FILES = [{"path": "model.safetensors", "size": 3, "sha256": "b" * 64, "git_sha1": None}]
 DEADLINE_S = 5.0
 
 
@@ -84,3 +85,66 @@ async def test_a_node_waiting_for_the_lock_resolves_itself_when_the_holder_recor
         await asyncio.wait_for(resolving, DEADLINE_S)
     assert await asyncio.wait_for(waiting, DEADLINE_S) == (COMMIT, FILES)
     assert api.puts == ["", "n2", ""]  # n1 released the lock; n2 took it, resolved and released it
+
+
+FILE = FILES[0]
+
+
+@pytest.mark.parametrize(
+    "files",
+    [
+        "{}",
+        "1",
+        '"x"',
+        "null",
+        "[1]",
+        '["x"]',
+        "[{}]",
+        json.dumps([FILE | {"path": []}]),
+        json.dumps([FILE | {"size": "3"}]),
+        json.dumps([FILE | {"size": True}]),
+        json.dumps([FILE | {"size": -1}]),
+        json.dumps([FILE | {"size": 2**64}]),
+        json.dumps([FILE | {"sha256": 5}]),
+        json.dumps([{k: v for k, v in FILE.items() if k != "git_sha1"}]),
+        json.dumps([FILE | {"etag": "e"}]),
+        "[" * 100_000 + "]" * 100_000,
+    ],
+    ids=[
+        "object",
+        "number",
+        "string",
+        "null",
+        "a number",
+        "a string",
+        "an empty object",
+        "path a list",
+        "size a string",
+        "size a bool",
+        "size negative",
+        "size beyond int64",
+        "sha256 a number",
+        "no git_sha1",
+        "an unknown field",
+        "nested past any recursion limit",
+    ],
+)
+async def test_a_record_of_the_wrong_shape_is_ignored_and_the_node_resolves_itself(files: str) -> None:
+    api = LeaseApi()
+    cache = ResolveCache(api, NS)  # type: ignore[arg-type]
+    await cache.put(URI, COMMIT, FILES)
+    api.leases[ResolveCache.name(URI)]["data"]["files"] = files
+
+    computed: list[str] = []
+
+    async def compute() -> tuple[str, list[dict[str, Any]]]:
+        computed.append(URI)
+        return COMMIT, FILES
+
+    async def put(uri: str, commit: str, files: list[dict[str, Any]]) -> None:
+        pass  # (the fake has no PATCH; what the record becomes is not the point here)
+
+    assert await cache.get(URI, COMMIT) is None
+    cache.put = put  # type: ignore[method-assign]
+    assert await cache.resolve(URI, COMMIT, compute) == (COMMIT, FILES)
+    assert computed == [URI]

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -114,6 +115,7 @@ def test_verify_turn(shared: bool, recent: bool, holds: bool, turn: VerifyTurn) 
 
 
 INTERVAL = 100.0
+DEEP = "[" * 100_000 + "]" * 100_000  # well-formed JSON nested past any recursion limit
 
 
 @pytest.mark.parametrize(
@@ -128,6 +130,12 @@ INTERVAL = 100.0
         (None, 1000.0, False),
         (b"{", 1000.0, False),
         (b'{"files": "d", "result": "success"}', 1000.0, False),
+        (b"[]", 1000.0, False),
+        (b"null", 1000.0, False),
+        (b'"x"', 1000.0, False),
+        (b'{"files": "d", "result": "success", "verifiedAt": []}', 1000.0, False),
+        (b'{"files": "d", "result": "success", "verifiedAt": 1%s}' % (b"0" * 400), 1000.0, False),  # beyond float
+        (DEEP.encode(), 1000.0, False),
     ],
 )
 def test_fresh_verification(record: bytes | None, now: float, fresh: bool) -> None:
@@ -200,6 +208,45 @@ def test_publications_that_are_not_adopted(tmp_path: Path) -> None:
     (dest / "w.bin").write_bytes(b"changed!")  # size differs: stat alone tells
     problem = check_publication(good, URI, dest)[1]
     assert problem.startswith("files changed since publication")
+
+
+@pytest.mark.parametrize(
+    ("record", "why"),
+    [
+        (lambda m: b"[]", "unreadable publication record"),
+        (lambda m: b"null", "unreadable publication record"),
+        (lambda m: DEEP.encode(), "unreadable publication record"),
+        (lambda m: json.dumps({"manifest": "\ud800", "sha256": "x"}).encode(), "unreadable publication record"),
+        (lambda m: publication_bytes('"x"', "n1", 1.0), "unreadable published manifest"),
+        (lambda m: publication_bytes("null", "n1", 1.0), "unreadable published manifest"),
+        (lambda m: publication_bytes(DEEP, "n1", 1.0), "unreadable published manifest"),
+        (lambda m: publication_bytes(_doc(m, dest=[]), "n1", 1.0), "unreadable published manifest"),
+        (lambda m: publication_bytes(_doc(m, files=[{"path": "w.bin", "size": "7"}]), "n1", 1.0), "unreadable"),
+        (lambda m: publication_bytes(_doc(m, files=[{"path": "w\x00", "size": 7}]), "n1", 1.0), "files changed"),
+    ],
+    ids=[
+        "list",
+        "null",
+        "deep",
+        "lone surrogate",
+        "manifest a string",
+        "manifest null",
+        "manifest deep",
+        "dest a list",
+        "size a string",
+        "path with NUL",
+    ],
+)
+def test_a_publication_of_the_wrong_shape_is_not_adopted(
+    tmp_path: Path, record: Callable[[Manifest], bytes], why: str
+) -> None:
+    manifest = _published(tmp_path / "m")
+    adopted, because = check_publication(record(manifest), URI, tmp_path / "m")
+    assert adopted is None and because.startswith(why)
+
+
+def _doc(manifest: Manifest, **changes: Any) -> str:
+    return json.dumps(json.loads(manifest.to_json()) | changes)
 
 
 # ------------------------------------------------------------------------------------------ the coordinator

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import json
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
@@ -307,3 +309,51 @@ def test_find_restorable_rereads_an_entry_rewritten_under_the_same_name(trash: T
     (entry.directory / "entry.json.tmp").rename(entry.directory / "entry.json")
     assert trash.find_restorable(manifest.storage_uri, manifest.dest) is None
     assert trash.find_restorable("hf://org/switched", manifest.dest) is not None
+
+
+DEEP = "[" * 100_000 + "]" * 100_000  # well-formed JSON nested past any recursion limit
+
+
+def _entry(manifest: object, quarantined_at: object = 1.0) -> str:
+    return json.dumps({"manifest": manifest, "quarantinedAt": quarantined_at, "reason": "gone"})
+
+
+@pytest.mark.parametrize(
+    "garble",
+    [
+        lambda m: "[]",
+        lambda m: "null",
+        lambda m: _entry("x"),
+        lambda m: _entry(None),
+        lambda m: _entry(1),
+        lambda m: _entry(m | {"dest": []}),
+        lambda m: _entry(m | {"files": [{"path": "a", "size": "3"}]}),
+        lambda m: _entry(m | {"files": "x"}),
+        lambda m: _entry(m, 10**400),  # float(10**400)
+        lambda m: _entry(DEEP),
+        lambda m: DEEP,
+    ],
+    ids=[
+        "list",
+        "null",
+        "manifest a string",
+        "manifest null",
+        "manifest a number",
+        "dest a list",
+        "size a string",
+        "files a string",
+        "quarantinedAt huge",
+        "manifest deep",
+        "deep",
+    ],
+)
+def test_an_entry_file_of_the_wrong_shape_is_skipped(
+    trash: Trash, root: Root, garble: Callable[[dict[str, Any]], str]
+) -> None:
+    manifest = model_on_disk(root, "m1")
+    entry = trash.quarantine(manifest, root, "gone")
+    assert entry is not None
+    record = json.loads((entry.directory / "entry.json").read_text())
+    (entry.directory / "entry.json").write_text(garble(record["manifest"]))
+    assert list(trash.entries()) == []
+    assert trash.find_restorable(manifest.storage_uri, manifest.dest) is None

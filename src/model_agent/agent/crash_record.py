@@ -143,7 +143,8 @@ class CrashRecords:
                         str(raw.get("open_step", "")),
                         float(raw.get("started_at", 0.0)),
                     )
-                except (OSError, ValueError, TypeError, KeyError, AttributeError) as exc:
+                # OverflowError: int(1e999) or float(10**400); RecursionError: JSON nested too deeply.
+                except (OSError, ValueError, TypeError, KeyError, AttributeError, OverflowError, RecursionError) as exc:
                     log.warning("unreadable attempt record ignored", file=str(path), error=str(exc))
                     continue
                 if record.open_step:

@@ -32,6 +32,30 @@ log = structlog.get_logger(__name__)
 _COMMIT = re.compile(r"^[0-9a-f]{40}$")
 
 
+_FILE_FIELDS = frozenset({"path", "size", "sha256", "git_sha1"})
+
+
+def _file_list(value: object) -> list[dict[str, Any]]:
+    """``value`` if it is a file list of the shape the Hugging Face source records (``sources/hf.py``'s
+    ``RemoteFile``: ``path`` a string, ``size`` an integer in 0..2**63-1, ``sha256`` and ``git_sha1`` a string or
+    null, nothing else), else ValueError: a record of another shape (a hand edit, another agent version's) is
+    ignored like an unparsable one, instead of failing the fetch on every node that reads it.
+    """
+    if not isinstance(value, list):
+        raise ValueError(f"files: a list, not {type(value).__name__}")
+    for item in value:
+        if not (
+            isinstance(item, dict)
+            and item.keys() == _FILE_FIELDS
+            and isinstance(item["path"], str)
+            and type(item["size"]) is int
+            and 0 <= item["size"] < 2**63
+            and all(item[h] is None or isinstance(item[h], str) for h in ("sha256", "git_sha1"))
+        ):
+            raise ValueError(f"files: not a file record: {str(item)[:100]}")
+    return value
+
+
 class ResolveCache:
     """The cluster-wide record of resolved revisions (see the module contract); ``hits``/``misses`` are counted."""
 
@@ -105,9 +129,9 @@ class ResolveCache:
                 raise ValueError("record for another source")
             if not _COMMIT.match(revision) and time.time() - float(data.get("at", "0")) > self._ttl_s:
                 raise ValueError("expired")
-            files = json.loads(data["files"])
+            files = _file_list(json.loads(data["files"]))
             commit = str(data["commit"])
-        except (ApiError, ApiUnavailable, ValueError, KeyError, TypeError) as exc:
+        except (ApiError, ApiUnavailable, ValueError, KeyError, TypeError, RecursionError) as exc:
             self.misses += 1
             if not (isinstance(exc, ApiError) and exc.status == 404):
                 log.debug("no usable resolve record", uri=uri, why=str(exc))

@@ -233,7 +233,7 @@ def fresh_verification(data: bytes | None, digest: str, now: float, interval_s: 
         record = json.loads(data)
         at = float(record["verifiedAt"])
         same = record["files"] == digest and record["result"] == "success"
-    except (ValueError, KeyError, TypeError):
+    except (ValueError, KeyError, TypeError, OverflowError, RecursionError):  # Overflow: an integer beyond float
         return False
     return same and -5.0 <= now - at < VERIFY_FRESH_SHARE * interval_s
 
@@ -255,9 +255,10 @@ def check_publication(data: bytes, storage_uri: str, dest: Path) -> tuple[Manife
         record = json.loads(data)
         text = str(record["manifest"])
         claimed = str(record["sha256"])
-    except (ValueError, KeyError, TypeError):
+        encoded = text.encode()  # UnicodeEncodeError, a ValueError: a lone surrogate (JSON "\ud800")
+    except (ValueError, KeyError, TypeError, RecursionError):
         return None, "unreadable publication record"
-    if hashlib.sha256(text.encode()).hexdigest() != claimed:
+    if hashlib.sha256(encoded).hexdigest() != claimed:
         return None, "publication checksum mismatch"
     try:
         manifest = Manifest.from_json(text)

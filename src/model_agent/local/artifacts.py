@@ -41,7 +41,7 @@ class LinkRecords:
             if doc.get("key") != key:
                 return None
             return Path(str(doc["link"])), Path(str(doc["parent"]))
-        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        except (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError):
             return None
 
     def delete(self, key: str) -> None:

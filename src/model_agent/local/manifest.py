@@ -27,10 +27,13 @@ import contextlib
 import dataclasses
 import hashlib
 import json
+import math
 import os
 import socket
 import threading
 import time
+import types
+import typing
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -95,11 +98,21 @@ class Manifest:
 
     @classmethod
     def from_json(cls, text: str) -> Manifest:
-        """Read a saved manifest, ignoring fields this version does not know (a newer agent's manifests load)."""
-        raw = json.loads(text)
-        known = {f.name for f in dataclasses.fields(cls)}
-        files = [FileRecord(**f) for f in raw.pop("files", [])]
-        return cls(files=files, **{k: v for k, v in raw.items() if k in known})
+        """Read a saved manifest, ignoring fields this version does not know (a newer agent's manifests load).
+
+        ValueError or TypeError for any text that is not a manifest: not JSON, not an object, or a known field of
+        another type than declared (see :func:`_known_fields`); the callers treat either as an unreadable record.
+        """
+        try:
+            raw = json.loads(text)
+        except RecursionError:
+            raise ValueError("manifest JSON is nested too deeply") from None
+        if not isinstance(raw, dict):
+            raise ValueError(f"a manifest is a JSON object, not {type(raw).__name__}")
+        files = raw.pop("files", [])
+        if not isinstance(files, list):
+            raise TypeError(f"manifest files: a list, not {type(files).__name__}")
+        return cls(files=[FileRecord(**_known_fields(FileRecord, f)) for f in files], **_known_fields(cls, raw))
 
     def fast_check(self) -> list[str]:
         """Problems found by stat alone (missing file, size or mtime changed); empty when intact."""
@@ -108,7 +121,7 @@ class Manifest:
         for f in self.files:
             try:
                 st = (dest / f.path).stat()
-            except OSError:
+            except (OSError, ValueError):  # ValueError: a path no file can have (a NUL, a lone surrogate)
                 problems.append(f"{f.path}: missing")
                 continue
             if st.st_size != f.size:
@@ -116,6 +129,52 @@ class Manifest:
             elif f.mtime_ns and st.st_mtime_ns != f.mtime_ns:
                 problems.append(f"{f.path}: modified")
         return problems
+
+
+_INT64_LIMIT = 2**63
+
+
+def _declared_types(cls: type[Any]) -> dict[str, tuple[type, ...]]:
+    """Each field of a dataclass with the JSON types it takes (``X | None`` is both, ``list[...]`` a list)."""
+    hints = typing.get_type_hints(cls)
+    declared: dict[str, tuple[type, ...]] = {}
+    for f in dataclasses.fields(cls):
+        hint = hints[f.name]
+        members = typing.get_args(hint) if isinstance(hint, types.UnionType) else (hint,)
+        declared[f.name] = tuple(typing.get_origin(m) or m for m in members)
+    return declared
+
+
+_DECLARED: dict[type[Any], dict[str, tuple[type, ...]]] = {c: _declared_types(c) for c in (Manifest, FileRecord)}
+
+
+def _fits(value: object, kinds: tuple[type, ...]) -> bool:
+    if isinstance(value, bool):  # an int to isinstance, never one to a reader
+        return bool in kinds
+    if isinstance(value, int):  # a float field takes an integer literal too
+        return (int in kinds or float in kinds) and -_INT64_LIMIT <= value < _INT64_LIMIT
+    if isinstance(value, float):
+        return float in kinds and math.isfinite(value)
+    return isinstance(value, kinds)
+
+
+def _known_fields(cls: type[Any], doc: object) -> dict[str, Any]:
+    """The fields of ``doc`` (a decoded JSON object) that ``cls`` declares; unknown ones are dropped (a newer
+    version's). TypeError when ``doc`` is not an object or a known field is not of its declared type (a bool
+    where an int belongs, an integer beyond int64, a non-finite float, a list where a string belongs...)."""
+    if not isinstance(doc, dict):
+        raise TypeError(f"a {cls.__name__} is a JSON object, not {type(doc).__name__}")
+    declared = _DECLARED[cls]
+    known: dict[str, Any] = {}
+    for name, value in doc.items():
+        kinds = declared.get(name)
+        if kinds is None:
+            continue
+        if not _fits(value, kinds):
+            expected = " | ".join(k.__name__ for k in kinds)
+            raise TypeError(f"{cls.__name__}.{name}: {type(value).__name__} is not {expected}")
+        known[name] = value
+    return known
 
 
 def file_digest(path: Path, chunk: int = 8 * 1024 * 1024) -> tuple[str, str]:

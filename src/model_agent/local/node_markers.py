@@ -100,7 +100,7 @@ def read_markers(private: Path) -> tuple[list[str], list[str]]:
             continue  # a temporary file of a write in progress (or left by a kill)
         try:
             body = json.loads((directory / name).read_text())
-        except (OSError, ValueError):
+        except (OSError, ValueError, RecursionError):
             unreadable.append(name)
             continue
         # The file's name is the marker's identity; its content must agree, else it is not a marker.

@@ -132,7 +132,7 @@ class Trash:
             raw = json.loads((directory / "entry.json").read_text())
             manifest = Manifest.from_json(json.dumps(raw["manifest"]))
             return TrashEntry(directory.name, root, manifest, float(raw["quarantinedAt"]), str(raw["reason"]))
-        except (OSError, ValueError, KeyError, TypeError):
+        except (OSError, ValueError, KeyError, TypeError, OverflowError, RecursionError):  # garbled: not an entry
             return None
 
     def _candidates(self, storage_uri: str, dest: str) -> list[tuple[float, Root, Path]]:

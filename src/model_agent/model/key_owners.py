@@ -195,7 +195,7 @@ def _entry_name(raw: str | None) -> str:
         return ""
     try:
         doc = json.loads(raw)
-    except ValueError:
+    except (ValueError, RecursionError):
         return ""
     name = doc.get("name") if isinstance(doc, dict) else None
     return name if isinstance(name, str) else ""

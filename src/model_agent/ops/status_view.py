@@ -49,7 +49,7 @@ def model_row(facts: ModelFacts) -> dict[str, Any]:
     ref = ModelRef.from_key(facts.key)
     entry: dict[str, Any] = {}
     if facts.raw_entry:
-        with contextlib.suppress(ValueError):
+        with contextlib.suppress(ValueError, RecursionError):
             parsed = json.loads(facts.raw_entry)
             entry = parsed if isinstance(parsed, dict) else {}
     manifest = facts.manifest

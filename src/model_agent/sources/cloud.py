@@ -179,7 +179,7 @@ def gcs_credentials(data: Mapping[str, str] | None) -> dict[str, str]:
     raw = _first(data, GCS_KEY_NAMES)
     try:
         doc = json.loads(raw) if raw else None
-    except ValueError:
+    except (ValueError, RecursionError):
         doc = None
     if not isinstance(doc, dict) or not doc.get("client_email") or not doc.get("private_key"):
         raise SourceError(

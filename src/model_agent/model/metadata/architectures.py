@@ -204,7 +204,8 @@ def _gemma3_context_length(raw: Mapping[str, Any], text: Mapping[str, Any]) -> i
         factor = as_float(rope.get("factor"))
         base = as_int(rope.get("original_max_position_embeddings"))
         if factor and base:
-            return int(base * factor)
+            # A product beyond int64 (inf for an absurd factor) is out of range: assemble reads it as unknown.
+            return int(min(base * factor, INT64_MAX))
     return _GEMMA3_DEFAULT_CONTEXT
 
 

@@ -36,7 +36,10 @@ def as_float(value: object) -> float:
     """A positive finite JSON number as float; 0.0 for anything else (bools, strings, NaN, infinities)."""
     if isinstance(value, bool) or not isinstance(value, int | float):
         return 0.0
-    result = float(value)
+    try:
+        result = float(value)
+    except OverflowError:  # an integer literal beyond float64
+        return 0.0
     return result if math.isfinite(result) and result > 0 else 0.0
 
 
