@@ -67,8 +67,14 @@ def _py_version(module: str) -> Callable[[], str]:
 
 
 def _agent_version() -> str:
-    commit = _first_line(["git", "-C", str(BENCH), "rev-parse", "--short", "HEAD"])
-    return f"model-agent {commit} (python {sys.version.split()[0]})"
+    """The commit of the tree the agent's runs import (``-dirty`` with uncommitted changes), and that tree when it is
+    not the benchmark's own: an A/B through ``PYTHONPATH`` must name ``<tree>/src``, or the editable install wins and
+    both sides run the same code (found on 12-06; the results now show which tree ran)."""
+    where = "import model_agent, pathlib; print(pathlib.Path(model_agent.__file__).resolve().parents[2])"
+    tree = _first_line([sys.executable, "-c", where])
+    commit = _first_line(["git", "-C", tree, "describe", "--always", "--dirty", "--abbrev=7"])
+    elsewhere = "" if Path(tree) == BENCH.parent else f" from {tree}"
+    return f"model-agent {commit}{elsewhere} (python {sys.version.split()[0]})"
 
 
 # ------------------------------------------------------------------------------------------- commands
