@@ -24,6 +24,7 @@ from model_agent.agent.artifact_reuse import (
 from model_agent.local.artifacts import LinkRecords
 from model_agent.local.layout import Layout, PathRefused, token_for
 from model_agent.local.manifest import FileRecord, Manifest, ManifestStore
+from tests.support.hostile_json import DEEP
 
 SHA = "0e9e39f249a16976918f6564b8830bc894c89659"
 OTHER = "1" * 40
@@ -118,7 +119,7 @@ def test_link_child_is_relative_replaces_only_links_and_release_removes_only_its
 
 @pytest.mark.parametrize(
     "body",
-    ["[]", "1", '"k"', "null", '{"key": "k", "link": "/a"}', "[" * 100_000 + "]" * 100_000],
+    ["[]", "1", '"k"', "null", '{"key": "k", "link": "/a"}', DEEP],
     ids=["list", "number", "string", "null", "no parent", "nested past any recursion limit"],
 )
 def test_a_link_record_of_the_wrong_shape_reads_as_none_and_releases_nothing(tmp_path: Path, body: str) -> None:

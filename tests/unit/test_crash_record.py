@@ -21,6 +21,7 @@ from model_agent.agent.crash_record import (
     judge,
     spec_of,
 )
+from tests.support.hostile_json import DEEP, NOT_OBJECTS
 
 SPEC = spec_of("uid-1", 3)
 KEY = "BaseModel/team-evil/bomb"
@@ -134,16 +135,10 @@ def test_a_garbled_record_quarantines_nothing(tmp_path: Path) -> None:
     agent.end(KEY)
 
 
-DEEP = "[" * 100_000 + "]" * 100_000  # well-formed JSON nested past any recursion limit
-
-
 @pytest.mark.parametrize(
     "text",
     [
-        "[]",
-        "1",
-        '"x"',
-        "null",
+        *NOT_OBJECTS,
         json.dumps({"key": KEY, "spec": SPEC, "crashes": []}),
         json.dumps({"key": KEY, "spec": SPEC, "crashes": 0})[:-2] + "1e999}",  # int(inf)
         json.dumps({"key": KEY, "spec": SPEC, "crashes": 5, "started_at": 10**400}),  # float(10**400)

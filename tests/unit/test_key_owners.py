@@ -22,6 +22,7 @@ from model_agent.model.key_owners import (
 )
 from model_agent.model.keys import ModelKind, parse_configmap_key
 from model_agent.model.resources import ModelRef
+from tests.support.hostile_json import DEEP
 
 CBM, BM = ModelKind.CLUSTER_BASE_MODEL, ModelKind.BASE_MODEL
 
@@ -159,7 +160,7 @@ def test_owners(
         ({HUGE.configmap_key: "{garbled"}, (), "truncated"),
         ({HUGE.configmap_key: json.dumps({"name": "someone-else", "status": "Ready"})}, (), "truncated"),
         ({"team-a.basemodel.": "{}"}, (), "not a model key"),
-        ({HUGE.configmap_key: "[" * 100_000 + "]" * 100_000}, (), "truncated"),  # nested past any recursion limit
+        ({HUGE.configmap_key: DEEP}, (), "truncated"),  # nested past any recursion limit
     ],
     ids=[
         "foreign label",

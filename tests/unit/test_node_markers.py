@@ -13,6 +13,7 @@ from model_agent.local.node_markers import (
     read_markers,
     write_marker,
 )
+from tests.support.hostile_json import DEEP
 
 
 @pytest.mark.parametrize(
@@ -59,7 +60,7 @@ def test_garbled_and_foreign_files_are_not_markers(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(
     "body",
-    ["[]", "1", '"node-x"', "null", '{"node": ["node-x"]}', "[" * 100_000 + "]" * 100_000],
+    ["[]", "1", '"node-x"', "null", '{"node": ["node-x"]}', DEEP],
     ids=["list", "number", "string", "null", "node a list", "deep"],
 )
 def test_a_marker_of_the_wrong_shape_is_unreadable(tmp_path: Path, body: str) -> None:

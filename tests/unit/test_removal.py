@@ -30,6 +30,7 @@ from model_agent.model.resources import ModelKind, ModelRef
 from model_agent.ops.events import ObjectRef
 from model_agent.ops.metrics import Metrics
 from tests.support.fake_kube import FakeKubeClient, not_found, status_error, type_not_found
+from tests.support.hostile_json import DEEP, NOT_OBJECTS
 
 DEADLINE_S = 2.0
 NODE = "node-1"
@@ -844,7 +845,6 @@ def test_a_spec_naming_the_same_directory_differently_still_wants_it(tmp_path: P
     assert _same_dir({"storageUri": f"local://{dest}"}, dest)  # local:// without a path names the URI's
 
 
-DEEP = "[" * 100_000 + "]" * 100_000  # well-formed JSON nested past any recursion limit
 MANIFEST_DOC: dict[str, Any] = {
     "key": REF.key,
     "uid": UID,
@@ -857,10 +857,7 @@ MANIFEST_DOC: dict[str, Any] = {
 @pytest.mark.parametrize(
     "text",
     [
-        "[]",
-        "1",
-        '"x"',
-        "null",
+        *NOT_OBJECTS,
         DEEP,
         json.dumps(MANIFEST_DOC | {"dest": []}),
         json.dumps(MANIFEST_DOC | {"key": None}),

@@ -15,6 +15,7 @@ import pytest
 
 from model_agent.agent.origin_slots import OriginSlots
 from model_agent.agent.resolve_cache import ResolveCache
+from tests.support.hostile_json import DEEP
 from tests.support.waiting import until
 from tests.unit.test_shared_root import LeaseApi
 
@@ -108,7 +109,7 @@ FILE = FILES[0]
         json.dumps([FILE | {"sha256": 5}]),
         json.dumps([{k: v for k, v in FILE.items() if k != "git_sha1"}]),
         json.dumps([FILE | {"etag": "e"}]),
-        "[" * 100_000 + "]" * 100_000,
+        DEEP,
     ],
     ids=[
         "object",

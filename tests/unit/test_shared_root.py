@@ -42,6 +42,7 @@ from model_agent.local.manifest import FileRecord, Manifest, ManifestStore
 from model_agent.model.entry import BytesBySource
 from model_agent.sources.base import Progress
 from model_agent.sources.byte_sources import by_source
+from tests.support.hostile_json import DEEP
 
 DEADLINE_S = 5.0
 URI = "hf://org/model"
@@ -115,7 +116,6 @@ def test_verify_turn(shared: bool, recent: bool, holds: bool, turn: VerifyTurn) 
 
 
 INTERVAL = 100.0
-DEEP = "[" * 100_000 + "]" * 100_000  # well-formed JSON nested past any recursion limit
 
 
 @pytest.mark.parametrize(

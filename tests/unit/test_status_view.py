@@ -10,6 +10,7 @@ from rich.console import Console
 
 from model_agent.cli.status import bytes_from, render
 from model_agent.ops.status_view import Download, ModelFacts, model_row, status_view
+from tests.support.hostile_json import DEEP
 
 KEY = "ClusterBaseModel//llama"
 
@@ -29,7 +30,7 @@ def _row(**overrides: Any) -> dict[str, Any]:
         (json.dumps({"status": "Failed", "reason": "UnsafePath"}), "Failed", "UnsafePath"),
         ("{not json", None, None),  # someone else's write: shown as no entry, never an error
         ("[1, 2]", None, None),
-        pytest.param("[" * 100_000 + "]" * 100_000, None, None, id="nested past any recursion limit"),
+        pytest.param(DEEP, None, None, id="nested past any recursion limit"),
     ],
 )
 def test_entry_status_and_reason(raw_entry: str | None, status: str | None, reason: str | None) -> None:

@@ -15,6 +15,7 @@ from model_agent.local import trash as trash_module
 from model_agent.local.layout import Layout, PathRefused, Root
 from model_agent.local.manifest import FileRecord, Manifest
 from model_agent.local.trash import Trash
+from tests.support.hostile_json import DEEP
 
 FILES = {
     "config.json": b'{"architectures": ["LlamaForCausalLM"]}',
@@ -309,9 +310,6 @@ def test_find_restorable_rereads_an_entry_rewritten_under_the_same_name(trash: T
     (entry.directory / "entry.json.tmp").rename(entry.directory / "entry.json")
     assert trash.find_restorable(manifest.storage_uri, manifest.dest) is None
     assert trash.find_restorable("hf://org/switched", manifest.dest) is not None
-
-
-DEEP = "[" * 100_000 + "]" * 100_000  # well-formed JSON nested past any recursion limit
 
 
 def _entry(manifest: object, quarantined_at: object = 1.0) -> str:
