@@ -32,28 +32,30 @@ log = structlog.get_logger(__name__)
 _COMMIT = re.compile(r"^[0-9a-f]{40}$")
 
 
-_FILE_FIELDS = frozenset({"path", "size", "sha256", "git_sha1"})
+_HASHES = ("sha256", "git_sha1")
 
 
 def _file_list(value: object) -> list[dict[str, Any]]:
-    """``value`` if it is a file list of the shape the Hugging Face source records (``sources/hf.py``'s
-    ``RemoteFile``: ``path`` a string, ``size`` an integer in 0..2**63-1, ``sha256`` and ``git_sha1`` a string or
-    null, nothing else), else ValueError: a record of another shape (a hand edit, another agent version's) is
-    ignored like an unparsable one, instead of failing the fetch on every node that reads it.
+    """The file list of a record, in the shape the Hugging Face source reads (``sources/hf.py``'s ``RemoteFile``:
+    ``path`` a string, ``size`` an integer in 0..2**63-1, ``sha256`` and ``git_sha1`` a string or null, null when
+    missing); fields another agent version added are dropped, so a mixed fleet keeps sharing records during a
+    rollout. Anything else (a hand edit, a garbled record) is ValueError: ignored like an unparsable record,
+    instead of failing the fetch on every node that reads it.
     """
     if not isinstance(value, list):
         raise ValueError(f"files: a list, not {type(value).__name__}")
+    files: list[dict[str, Any]] = []
     for item in value:
         if not (
             isinstance(item, dict)
-            and item.keys() == _FILE_FIELDS
-            and isinstance(item["path"], str)
-            and type(item["size"]) is int
+            and isinstance(item.get("path"), str)
+            and type(item.get("size")) is int
             and 0 <= item["size"] < 2**63
-            and all(item[h] is None or isinstance(item[h], str) for h in ("sha256", "git_sha1"))
+            and all(item.get(h) is None or isinstance(item[h], str) for h in _HASHES)
         ):
             raise ValueError(f"files: not a file record: {str(item)[:100]}")
-    return value
+        files.append({"path": item["path"], "size": item["size"], **{h: item.get(h) for h in _HASHES}})
+    return files
 
 
 class ResolveCache:
