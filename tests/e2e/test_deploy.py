@@ -662,7 +662,7 @@ async def test_configmap_policy_confines_writes_to_its_own_node_and_the_resolve_
 
         # The agent's own resolve-cache code: the first put creates the record, the second merge-patches it.
         cache = ResolveCache(agent, NAMESPACE)
-        files = [{"path": "config.json", "size": 2}]
+        files: list[dict[str, Any]] = [{"path": "config.json", "size": 2, "sha256": None, "git_sha1": "c" * 40}]
         await cache.put(uri, "a" * 40, files)
         assert (await admin.request("GET", CONFIGMAPS.path(NAMESPACE, record)))["data"]["commit"] == "a" * 40
         await cache.put(uri, "b" * 40, files)
