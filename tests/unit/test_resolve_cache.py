@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from typing import Any
 
 import pytest
@@ -162,3 +163,23 @@ async def test_a_record_of_another_version_is_read_in_this_versions_shape(stored
     await cache.put(URI, COMMIT, FILES)
     api.leases[ResolveCache.name(URI)]["data"]["files"] = json.dumps(stored)
     assert await cache.get(URI, COMMIT) == (COMMIT, FILES)
+
+
+@pytest.mark.parametrize(
+    ("age_s", "fresh"),
+    [
+        (0.0, True),
+        (599.0, True),
+        (601.0, False),
+        (-30.0, True),  # another node's clock a little ahead
+        (-601.0, False),  # stamped more than a TTL ahead: fresh for too long
+        (float("-inf"), False),  # stamped at infinity: fresh for good
+        (float("nan"), False),
+    ],
+)
+async def test_a_branch_record_is_trusted_within_the_ttl_of_its_stamp_and_no_further(age_s: float, fresh: bool) -> None:
+    api = LeaseApi()
+    cache = ResolveCache(api, NS, ttl_s=600.0)  # type: ignore[arg-type]
+    await cache.put(URI, COMMIT, FILES)
+    api.leases[ResolveCache.name(URI)]["data"]["at"] = str(time.time() - age_s)
+    assert (await cache.get(URI, "main") is not None) == fresh

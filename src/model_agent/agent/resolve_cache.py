@@ -7,14 +7,17 @@ calling the hub, so hub API calls per model revision do not grow with the node c
 remain one request per file per node, or a mirror's).
 
 A record for a revision that is a full commit sha never expires; one for a branch or tag is trusted for
-``ttl_s`` (default 10 min), after which the next node resolves again. A record that cannot be read or
-parsed is ignored (the node resolves by itself); failing to write one is logged, never fatal.
+``ttl_s`` (default 10 min), after which the next node resolves again; a stamp more than a TTL ahead of the
+reading node's clock, or not a number, is stale. A record that cannot be read or parsed, or whose file list is
+not of the shape the Hugging Face source reads, is ignored (the node resolves by itself); failing to write one
+is logged, never fatal.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import math
 import re
 import time
 from collections.abc import Awaitable, Callable
@@ -129,7 +132,7 @@ class ResolveCache:
             data = cm.get("data") or {}
             if data.get("uri") != uri:
                 raise ValueError("record for another source")
-            if not _COMMIT.match(revision) and time.time() - float(data.get("at", "0")) > self._ttl_s:
+            if not _COMMIT.match(revision) and not self._fresh(float(data.get("at", "0"))):
                 raise ValueError("expired")
             files = _file_list(json.loads(data["files"]))
             commit = str(data["commit"])
@@ -140,6 +143,12 @@ class ResolveCache:
             return None
         self.hits += 1
         return commit, files
+
+    def _fresh(self, at: float) -> bool:
+        """A record of a branch or tag stamped ``at`` is younger than the TTL. A stamp more than a TTL ahead of this
+        node's clock, or not a number (``nan``, ``inf``), would make it fresh for good: such a record is stale, and
+        the node resolves again (a few seconds of skew between nodes' clocks only shift the TTL)."""
+        return math.isfinite(at) and -self._ttl_s <= time.time() - at <= self._ttl_s
 
     async def put(self, uri: str, commit: str, files: list[dict[str, Any]]) -> None:
         """Record an answer for the other nodes; a failed write is logged, never raised (they resolve by themselves)."""
