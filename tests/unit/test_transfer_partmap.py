@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from model_agent.transfer.partmap import PartMap
+from tests.support.hostile_json import DEEP, NOT_OBJECTS
 
 KiB = 1024
 
@@ -30,7 +31,18 @@ def test_a_missing_map_is_told_apart_from_an_unreadable_one(tmp_path: Path) -> N
     assert PartMap.load(path) is None
 
 
-@pytest.mark.parametrize("raw", [b"[]", b"1", b'"x"', b"null", b"\x00" * 64, b"", b'{"version": 1}'])
+@pytest.mark.parametrize(
+    "raw",
+    [
+        *(doc.encode() for doc in NOT_OBJECTS),
+        DEEP.encode(),
+        b"\x00" * 64,
+        b"",
+        b'{"version": 1}',
+        b'{"version": 1, "size": 1e999, "part_size": 1, "done": ""}',
+        b'{"version": 1, "size": 10, "part_size": 4, "done": "AA==", "digests": 5}',
+    ],
+)
 def test_a_map_that_is_not_one_is_trusted_for_nothing(tmp_path: Path, raw: bytes) -> None:
     path = tmp_path / "f.json"
     path.write_bytes(raw)

@@ -106,8 +106,8 @@ class PartMap:
             done = bytearray(base64.b64decode(doc["done"], validate=True))
             digests = {str(k): str(v) for k, v in dict(doc.get("digests") or {}).items()}
             complete = bool(doc.get("complete", False))
-        except (ValueError, TypeError, KeyError, AttributeError):
-            return None
+        except (ValueError, TypeError, KeyError, AttributeError, OverflowError, RecursionError):
+            return None  # (OverflowError: int(1e999); RecursionError: JSON nested past the recursion limit)
         if size < 0 or part_size < 1 or (validator is not None and not isinstance(validator, str)):
             return None
         state = cls(size, part_size, validator, done, complete, digests)
@@ -133,9 +133,9 @@ class PartMap:
             raise
 
     def create(self, path: Path) -> None:
-        """Write the map where none is (the caller removed it or found none): one new file, no temporary and no
-        rename, a third of :meth:`save`'s system calls. A crash while writing leaves a partial map, which
-        :meth:`load` trusts for nothing: the same as no map. Where one is after all, :meth:`save` replaces it."""
+        """Write the map where none is (the caller removed it or found none): one new file, without :meth:`save`'s
+        temporary and rename. A crash while writing leaves a partial map, which :meth:`load` trusts for nothing:
+        the same as no map. Where one is after all, :meth:`save` replaces it."""
         data = self.to_json()
         flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL
         try:
