@@ -69,7 +69,7 @@ for i in range(fetches):
         from model_agent.sources.hf import HuggingFaceSource
         source = HuggingFaceSource(url)
         request = af._request("hf://bench/w3", dest, {})
-        kept = [timed(source, "_resolve", row)]
+        timed(source, "_resolve", row)  # (a new source each fetch: nothing to undo)
 
     async def fetch():
         started = time.monotonic()

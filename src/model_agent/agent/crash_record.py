@@ -48,6 +48,7 @@ import structlog
 
 from model_agent.local.layout import token_for
 from model_agent.local.manifest import fsync_dir, write_atomic
+from model_agent.model import json_text
 from model_agent.model.reasons import Reason
 
 log = structlog.get_logger(__name__)
@@ -135,7 +136,7 @@ class CrashRecords:
             records: dict[str, Attempt] = {}
             for path in sorted(self.directory.glob("*.json")) if self.directory.is_dir() else []:
                 try:
-                    raw = json.loads(path.read_text())
+                    raw = json_text.loads(path.read_text())
                     record = Attempt(
                         str(raw["key"]),
                         str(raw["spec"]),
@@ -143,8 +144,8 @@ class CrashRecords:
                         str(raw.get("open_step", "")),
                         float(raw.get("started_at", 0.0)),
                     )
-                # OverflowError: int(1e999) or float(10**400); RecursionError: JSON nested too deeply.
-                except (OSError, ValueError, TypeError, KeyError, AttributeError, OverflowError, RecursionError) as exc:
+                # OverflowError: int(1e999) or float(10**400).
+                except (OSError, ValueError, TypeError, KeyError, AttributeError, OverflowError) as exc:
                     log.warning("unreadable attempt record ignored", file=str(path), error=str(exc))
                     continue
                 if record.open_step:

@@ -28,6 +28,7 @@ import structlog
 from model_agent.agent.origin_slots import OriginSlots
 from model_agent.kube.client import ApiError, ApiUnavailable, KubeClient
 from model_agent.kube.resources import CONFIGMAPS
+from model_agent.model import json_text
 from model_agent.transfer.aio import enter_unless
 
 log = structlog.get_logger(__name__)
@@ -134,9 +135,9 @@ class ResolveCache:
                 raise ValueError("record for another source")
             if not _COMMIT.match(revision) and not self._fresh(float(data.get("at", "0"))):
                 raise ValueError("expired")
-            files = _file_list(json.loads(data["files"]))
+            files = _file_list(json_text.loads(data["files"]))
             commit = str(data["commit"])
-        except (ApiError, ApiUnavailable, ValueError, KeyError, TypeError, RecursionError) as exc:
+        except (ApiError, ApiUnavailable, ValueError, KeyError, TypeError) as exc:
             self.misses += 1
             if not (isinstance(exc, ApiError) and exc.status == 404):
                 log.debug("no usable resolve record", uri=uri, why=str(exc))

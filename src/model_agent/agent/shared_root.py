@@ -71,6 +71,7 @@ from model_agent.local.node_markers import (
     read_markers,
     write_marker,
 )
+from model_agent.model import json_text
 from model_agent.sources.base import Progress
 from model_agent.sources.byte_sources import SourcedProgress
 
@@ -230,10 +231,10 @@ def fresh_verification(data: bytes | None, digest: str, now: float, interval_s: 
     if data is None:
         return False
     try:
-        record = json.loads(data)
+        record = json_text.loads(data)
         at = float(record["verifiedAt"])
         same = record["files"] == digest and record["result"] == "success"
-    except (ValueError, KeyError, TypeError, OverflowError, RecursionError):  # Overflow: an integer beyond float
+    except (ValueError, KeyError, TypeError, OverflowError):  # Overflow: an integer beyond float
         return False
     return same and -5.0 <= now - at < VERIFY_FRESH_SHARE * interval_s
 
@@ -252,11 +253,11 @@ def check_publication(data: bytes, storage_uri: str, dest: Path) -> tuple[Manife
     and destination, is not being removed, and every file has the recorded size and mtime (stat only).
     """
     try:
-        record = json.loads(data)
+        record = json_text.loads(data)
         text = str(record["manifest"])
         claimed = str(record["sha256"])
         encoded = text.encode()  # UnicodeEncodeError, a ValueError: a lone surrogate (JSON "\ud800")
-    except (ValueError, KeyError, TypeError, RecursionError):
+    except (ValueError, KeyError, TypeError):
         return None, "unreadable publication record"
     if hashlib.sha256(encoded).hexdigest() != claimed:
         return None, "publication checksum mismatch"

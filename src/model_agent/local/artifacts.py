@@ -18,6 +18,7 @@ from pathlib import Path
 
 from model_agent.local.layout import Layout, token_for
 from model_agent.local.manifest import write_atomic
+from model_agent.model import json_text
 
 
 class LinkRecords:
@@ -37,11 +38,11 @@ class LinkRecords:
 
     def load(self, key: str) -> tuple[Path, Path] | None:
         try:
-            doc = json.loads(self._file(key).read_text())
+            doc = json_text.loads(self._file(key).read_text())
             if doc.get("key") != key:
                 return None
             return Path(str(doc["link"])), Path(str(doc["parent"]))
-        except (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError):
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
             return None
 
     def delete(self, key: str) -> None:

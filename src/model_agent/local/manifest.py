@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from model_agent.local.layout import Layout, Root, token_for
+from model_agent.model import json_text
 
 MANIFEST_VERSION = 1
 # A directory listing taken this long after the directory's mtime cannot have missed a change that kept that
@@ -103,10 +104,7 @@ class Manifest:
         ValueError or TypeError for any text that is not a manifest: not JSON, not an object, or a known field of
         another type than declared (see :func:`_known_fields`); the callers treat either as an unreadable record.
         """
-        try:
-            raw = json.loads(text)
-        except RecursionError:
-            raise ValueError("manifest JSON is nested too deeply") from None
+        raw = json_text.loads(text)
         if not isinstance(raw, dict):
             raise ValueError(f"a manifest is a JSON object, not {type(raw).__name__}")
         files = raw.pop("files", [])

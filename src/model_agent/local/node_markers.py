@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from model_agent.local.manifest import fsync_dir
+from model_agent.model import json_text
 
 NODES_DIR = "nodes"
 # Filesystem types that are network or cluster filesystems: shown in /status as a hint (never decisive).
@@ -99,8 +100,8 @@ def read_markers(private: Path) -> tuple[list[str], list[str]]:
         if name.startswith(".") or not valid_node_name(name):
             continue  # a temporary file of a write in progress (or left by a kill)
         try:
-            body = json.loads((directory / name).read_text())
-        except (OSError, ValueError, RecursionError):
+            body = json_text.loads((directory / name).read_text())
+        except (OSError, ValueError):
             unreadable.append(name)
             continue
         # The file's name is the marker's identity; its content must agree, else it is not a marker.

@@ -25,6 +25,7 @@ from typing import Any
 
 from model_agent.local.layout import Layout, PathRefused, Root, token_for
 from model_agent.local.manifest import Manifest, fsync_dir, write_atomic
+from model_agent.model import json_text
 
 
 @dataclass
@@ -129,10 +130,10 @@ class Trash:
     @staticmethod
     def _load(root: Root, directory: Path) -> TrashEntry | None:
         try:
-            raw = json.loads((directory / "entry.json").read_text())
+            raw = json_text.loads((directory / "entry.json").read_text())
             manifest = Manifest.from_json(json.dumps(raw["manifest"]))
             return TrashEntry(directory.name, root, manifest, float(raw["quarantinedAt"]), str(raw["reason"]))
-        except (OSError, ValueError, KeyError, TypeError, OverflowError, RecursionError):  # garbled: not an entry
+        except (OSError, ValueError, KeyError, TypeError, OverflowError):  # garbled: not an entry
             return None
 
     def _candidates(self, storage_uri: str, dest: str) -> list[tuple[float, Root, Path]]:

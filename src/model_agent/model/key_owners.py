@@ -24,12 +24,12 @@ Contract: pure and deterministic; never raises for any input (garbled entries an
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Final, Literal
 
+from model_agent.model import json_text
 from model_agent.model.keys import (
     MODEL_LABEL_DOMAIN,
     ModelKind,
@@ -194,8 +194,8 @@ def _entry_name(raw: str | None) -> str:
     if not raw:
         return ""
     try:
-        doc = json.loads(raw)
-    except (ValueError, RecursionError):
+        doc = json_text.loads(raw)
+    except ValueError:
         return ""
     name = doc.get("name") if isinstance(doc, dict) else None
     return name if isinstance(name, str) else ""

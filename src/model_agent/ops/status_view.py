@@ -15,11 +15,11 @@ entry records it (model/entry.py): for the copy being fetched, or the Ready one;
 from __future__ import annotations
 
 import contextlib
-import json
 from dataclasses import dataclass
 from typing import Any
 
 from model_agent.local.manifest import Manifest
+from model_agent.model import json_text
 from model_agent.model.entry import ModelEntry
 from model_agent.model.resources import ModelRef
 
@@ -49,8 +49,8 @@ def model_row(facts: ModelFacts) -> dict[str, Any]:
     ref = ModelRef.from_key(facts.key)
     entry: dict[str, Any] = {}
     if facts.raw_entry:
-        with contextlib.suppress(ValueError, RecursionError):
-            parsed = json.loads(facts.raw_entry)
+        with contextlib.suppress(ValueError):
+            parsed = json_text.loads(facts.raw_entry)
             entry = parsed if isinstance(parsed, dict) else {}
     manifest = facts.manifest
     download = facts.download

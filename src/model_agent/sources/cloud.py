@@ -90,7 +90,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import re
 import urllib.parse
 from collections.abc import AsyncIterator, Mapping
@@ -100,6 +99,7 @@ from typing import TYPE_CHECKING, Any, Unpack
 
 import aiohttp
 
+from model_agent.model import json_text
 from model_agent.model.reasons import Reason
 from model_agent.model.uris import parse_azure_uri, parse_gcs_uri
 from model_agent.sources.base import FetchRequest, FetchResult, Progress, SourceError
@@ -178,8 +178,8 @@ def gcs_credentials(data: Mapping[str, str] | None) -> dict[str, str]:
         return {}
     raw = _first(data, GCS_KEY_NAMES)
     try:
-        doc = json.loads(raw) if raw else None
-    except (ValueError, RecursionError):
+        doc = json_text.loads(raw) if raw else None
+    except ValueError:
         doc = None
     if not isinstance(doc, dict) or not doc.get("client_email") or not doc.get("private_key"):
         raise SourceError(

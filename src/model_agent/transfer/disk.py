@@ -3,7 +3,8 @@
 Role: preallocation (so a full disk shows up before the transfer, not in the middle of it) and the one
 mapping from an ``OSError`` on the target to the :class:`~model_agent.model.errors.SourceError` a source
 reports: ``InsufficientDisk`` (ENOSPC/EDQUOT: the partial file and its map are kept for a resume once space
-is freed) or ``WriteFailed``.
+is freed) or ``WriteFailed``; and opening a file or part map whose folders may not exist yet, made on the
+first write into them rather than checked for every file.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import ctypes.util
 import errno
 import os
 import sys
+from pathlib import Path
 from typing import Any
 
 from model_agent.local.capacity import is_disk_full
@@ -52,3 +54,14 @@ def disk_error(label: str, exc: OSError, what: str) -> SourceError:
             " partial download is kept and resumes once space is freed",
         )
     return SourceError("WriteFailed", f"{label}: {what} failed: {exc}")
+
+
+def open_making_folders(path: Path, flags: int) -> int:
+    """``os.open`` of ``path``, making its folders first when they are missing."""
+    try:
+        return os.open(path, flags, 0o644)
+    except FileNotFoundError:
+        if not flags & os.O_CREAT:
+            raise
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return os.open(path, flags, 0o644)

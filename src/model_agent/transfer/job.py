@@ -33,7 +33,7 @@ from model_agent.transfer import hashing
 from model_agent.transfer.aio import Io, run_all, settle
 from model_agent.transfer.answers import TRANSIENT, Answer, RangeIgnored, Retry, Stopped, check_answer, describe
 from model_agent.transfer.config import Downloaded, Expected, HeaderSource, UrlSource
-from model_agent.transfer.disk import disk_error, preallocate
+from model_agent.transfer.disk import disk_error, open_making_folders, preallocate
 from model_agent.transfer.hashing import HASH_STEP, SUPPORTED_CHECKSUMS, OrderedHash, new_hasher
 from model_agent.transfer.partmap import PartMap
 from model_agent.transfer.splice import (
@@ -65,17 +65,6 @@ def fetched_in_one_request(size: int, part_size: int) -> bool:
     """Whether a file of ``size`` bytes is fetched by one GET per attempt (the small path), with parts of
     ``part_size``: only such a file can take checksums from its answer (``Expected.checksums_from_answer``)."""
     return 0 < size <= min(SMALL_FILE, part_size)
-
-
-def _open_making_folders(path: Path, flags: int) -> int:
-    """``os.open`` of ``path``, making its folders first when they are missing."""
-    try:
-        return os.open(path, flags, 0o644)
-    except FileNotFoundError:
-        if not flags & os.O_CREAT:
-            raise
-    path.parent.mkdir(parents=True, exist_ok=True)
-    return os.open(path, flags, 0o644)
 
 
 def _nobody_waits(_pos: int) -> None:
@@ -199,7 +188,7 @@ class Job:
             flags = os.O_RDWR | os.O_CREAT | os.O_TRUNC
         self.persist_progress = self.state.parts > 1
         try:
-            self.fd = _open_making_folders(self.path, flags)
+            self.fd = open_making_folders(self.path, flags)
         except OSError as exc:
             raise disk_error(self.label, exc, "creating the file") from exc
         if self.small:

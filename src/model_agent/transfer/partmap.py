@@ -18,6 +18,9 @@ import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from model_agent.model import json_text
+from model_agent.transfer.disk import open_making_folders
+
 STATE_VERSION = 1
 
 # Where sources keep part maps in a model's staging folder (removed with it when the model is published).
@@ -98,7 +101,7 @@ class PartMap:
         except OSError:
             return None
         try:
-            doc = json.loads(raw)
+            doc = json_text.loads(raw)
             if doc.get("version") != STATE_VERSION:
                 return None
             size, part_size = int(doc["size"]), int(doc["part_size"])
@@ -106,8 +109,8 @@ class PartMap:
             done = bytearray(base64.b64decode(doc["done"], validate=True))
             digests = {str(k): str(v) for k, v in dict(doc.get("digests") or {}).items()}
             complete = bool(doc.get("complete", False))
-        except (ValueError, TypeError, KeyError, AttributeError, OverflowError, RecursionError):
-            return None  # (OverflowError: int(1e999); RecursionError: JSON nested past the recursion limit)
+        except (ValueError, TypeError, KeyError, AttributeError, OverflowError):
+            return None  # (OverflowError: int(1e999))
         if size < 0 or part_size < 1 or (validator is not None and not isinstance(validator, str)):
             return None
         state = cls(size, part_size, validator, done, complete, digests)
@@ -139,11 +142,7 @@ class PartMap:
         data = self.to_json()
         flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL
         try:
-            try:
-                fd = os.open(path, flags, 0o644)
-            except FileNotFoundError:  # the first map of its folder
-                path.parent.mkdir(parents=True, exist_ok=True)
-                fd = os.open(path, flags, 0o644)
+            fd = open_making_folders(path, flags)  # (the first map of its folder makes it)
         except FileExistsError:
             self.save(path)
             return
