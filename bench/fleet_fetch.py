@@ -13,7 +13,8 @@ Each node is capped with tbf at ``--node-cap`` both ways; the bridge device's eg
 sends into the namespaces, i.e. the origin) at ``--origin-cap``. The agents reach the origin at the bridge
 address through a forwarder (so origin bytes cross the capped links) and the API server at their own
 namespace's 127.0.0.1 through a forwarder listening inside the namespace (the serving certificate names
-127.0.0.1). Each agent is ``ip netns exec <ns> python -m model_agent run`` with its own Node.
+127.0.0.1). Each agent is ``ip netns exec <ns> python -m model_agent run`` with its own Node, importing compiled
+bytecode as the image's agent does (:mod:`bench.bytecode`).
 
 Modes: (a) every node from the origin, no slot limit; (b) Lease origin slots only (``--slots``); (c) peer
 distribution: the same origin slots (the slot holders seed) plus ``--peer-*``: each agent serves on its
@@ -27,8 +28,8 @@ private mount namespace ``ip netns exec`` gives it).
 Measured per cell: seconds until every Node carries the model's Ready label (and when each did), origin
 bytes served (at the proxy), per node the bytes by source and the peer upload bytes (the agent's /metrics,
 scraped inside its namespace), the bytes its link sent and received and its peak upload rate over 2 s and
-5 s windows (host-side veth counters sampled every 0.5 s), CPU seconds (/proc of the agent), and one node
-alone at the same caps (the baseline of the time ratios). Writes ``bench/results/fleet_fetch.json``,
+5 s windows (host-side veth counters sampled every 0.5 s), CPU seconds (/proc of the agent: its whole life, and
+from the model's creation on), and one node alone at the same caps (the baseline of the time ratios). Writes ``bench/results/fleet_fetch.json``,
 ``bench/FLEET_FETCH.md`` and ``bench/FLEET_FETCH.png`` (``--results``/``--report`` for a dev run elsewhere).
 """
 
@@ -53,6 +54,7 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from bench.bytecode import compile_product
 from model_agent.agent.settings import Settings
 from model_agent.kube.client import ApiError, KubeClient
 from model_agent.kube.resources import CLUSTERBASEMODELS, NODES
@@ -417,6 +419,7 @@ async def cell(mode: str, n: int, args: argparse.Namespace, work: Path, mirrors:
             mirror.reset_stats()
             sampler = LinkSampler([node.host_dev for node in nodes])
             sampler.start()
+            cpu_at_start = [netns.pid_cpu_seconds(a.pid) for a in agents]
             t0 = time.monotonic()
             created_at = time.time()  # wall clock, to read the agents' logs against
             # (a ClusterBaseModel: a trusted owner, whose fetches take bytes from peers)
@@ -455,6 +458,10 @@ async def cell(mode: str, n: int, args: argparse.Namespace, work: Path, mirrors:
                 "single_node_s": args.single_node_s,
                 "origin_bytes": origin_bytes,
                 "cpu_s_per_agent": [round(c, 2) for c in cpu],
+                # from the model's creation on (an agent restarted meanwhile: its whole life)
+                "fetch_cpu_s_per_agent": [
+                    round(c - (b if c >= b else 0.0), 2) for c, b in zip(cpu, cpu_at_start, strict=True)
+                ],
                 "peer_bytes_per_agent": [by_source(m, "peer") for m in metrics],
                 "origin_bytes_per_agent": [by_source(m, "origin") for m in metrics],
                 "shared_bytes_per_agent": [by_source(m, "shared") for m in metrics],
@@ -654,6 +661,7 @@ def write(doc: dict[str, Any], args: argparse.Namespace) -> None:
 async def run(args: argparse.Namespace) -> None:
     if os.geteuid() != 0:
         raise SystemExit("needs root (ip netns, tc)")
+    compile_product()  # the agents import bytecode, as from the image (bench/bytecode.py)
     work = Path(tempfile.mkdtemp(prefix="bench-fleet-fetch-", dir=args.work_dir))
     mirrors = work / "mirrors"
     files = model_files(args.model_mib, args.files)

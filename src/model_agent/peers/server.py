@@ -351,7 +351,8 @@ class PeerServer:
                 if self.relays is None or not self.relays.live(relay):
                     break  # the file failed or is being deleted: not one more byte of it
                 before = (view.durable_parts, relay.written.total)
-                durable = relay.servable_end(view, offset, enough=n)
+                # (a batch's worth written from here: sent without a look at the map on disk, a stat per wake-up)
+                durable = relay.servable_end(view, offset, enough=min(n, RELAY_BATCH))
                 now = time.monotonic()
                 if (view.durable_parts, relay.written.total) != before:
                     waited_since = now  # the fetch goes on (perhaps short of this offset yet)

@@ -11,14 +11,19 @@ written, in the receive thread, so it is never read back (:class:`~model_agent.t
 
 from __future__ import annotations
 
+import array
 import asyncio
 import contextlib
 import dataclasses
+import fcntl
 import http.client
+import math
 import os
 import random
+import select
 import socket
 import ssl
+import termios
 import threading
 import time
 from collections import deque
@@ -50,9 +55,15 @@ if TYPE_CHECKING:
 
 MiB = 1024 * 1024
 PROGRESS_STEP = 16 * MiB  # spliced bytes are reported to the event loop in steps this large (fewer wake-ups)
-RELAY_STEP = 1  # ... but every write when a relay passes them on as they land (on_written): a splice waiting for
-# more of the body would otherwise sit on bytes the next node of a chain could have (a hop of a step, not a write)
+# When a relay passes the bytes on as they land (on_written), they are written and reported in pieces of RELAY_STEP,
+# or of whatever arrived within RELAY_LATENCY_S of the first unreported byte, whichever comes first: not a part
+# (the next node of a chain would wait a part's time per hop), nor every read. A body arriving at a capped rate
+# comes a few KiB per read; reporting each cost about 15 CPU-s per GB relayed (a write, a hash update, two loop
+# wake-ups and a send per read), which made a fleet of agents on shared cores CPU-bound (docs/performance.md 12).
+RELAY_STEP = 256 * 1024
+RELAY_LATENCY_S = 0.02
 RELAY_READ = 1 * MiB  # a copied body, relayed: at most this much per read, and whatever has arrived (read1)
+_CHUNK_HEADER_ROOM = 64  # bytes on the socket that hold the end of a chunk, the next one's size line and its start
 # A file of one part at most this large is fetched in one thread call per attempt (Job._run_small): open, GET, write,
 # hash from the buffer, verify, fsync and record, instead of the part path's five thread hops (open, request, hash
 # read-back, fsync, map) and a hash task. With receive buffers sized by need (engine.Slot.buffer), 20 files of
@@ -65,6 +76,20 @@ def fetched_in_one_request(size: int, part_size: int) -> bool:
     """Whether a file of ``size`` bytes is fetched by one GET per attempt (the small path), with parts of
     ``part_size``: only such a file can take checksums from its answer (``Expected.checksums_from_answer``)."""
     return 0 < size <= min(SMALL_FILE, part_size)
+
+
+def _may_wait(resp: http.client.HTTPResponse, sock: socket.socket, poller: select.poll, deadline: float) -> bool:
+    """Whether reading more of ``resp`` might wait past ``deadline`` (monotonic): no bytes on ``sock`` by then, or,
+    between two chunks of a chunked answer, too few for the next chunk's header and a byte of it (a read there
+    would wait for them, however little the socket holds). A read that finds bytes in http.client's own buffer
+    does not wait at all: this errs towards writing early, never towards holding bytes back."""
+    if not poller.poll(max(0, math.ceil((deadline - time.monotonic()) * 1000))):
+        return True
+    if resp.chunked and not getattr(resp, "chunk_left", None):
+        pending = array.array("i", [0])
+        fcntl.ioctl(sock.fileno(), termios.FIONREAD, pending)
+        return pending[0] < _CHUNK_HEADER_ROOM
+    return False
 
 
 def _nobody_waits(_pos: int) -> None:
@@ -524,7 +549,8 @@ class Job:
             if sock is not None:
                 self._splice_body(resp, sock, span, slot, stop)
             if span.pos < span.end:  # (after a complete splice there is nothing to copy: no buffer is made)
-                self._copy_body(resp, span, slot.buffer(span.end - span.pos), stop)
+                connection = slot.transport.active_socket() if self.on_written is not None else None
+                self._copy_body(resp, span, slot.buffer(span.end - span.pos), stop, sock=connection)
             reusable = resp.isclosed()  # read to its end: the connection can carry the next request
         finally:
             if not reusable:
@@ -537,21 +563,18 @@ class Job:
         buf: bytearray,
         stop: threading.Event,
         until: int | None = None,
+        sock: socket.socket | None = None,
     ) -> None:
-        """Worker thread: copy the body into the file through the slot's buffer, to ``until`` or the span's end."""
+        """Worker thread: copy the body into the file through the slot's buffer, to ``until`` or the span's end
+        (``sock``: the answer's connection, when the caller has it)."""
         end = span.end if until is None else until
         view = memoryview(buf)
         while span.pos < end:
             if stop.is_set():
                 raise Stopped()  # the awaiting task was cancelled and waits for this thread to let go
             if self.on_written is not None:
-                # Relayed: what has arrived, now. readinto waits until the buffer is full (a whole part of a chunked
-                # answer, whose length the splice cannot use): the next node of a chain would wait as long.
-                data = resp.read1(min(RELAY_READ, end - span.pos))
-                if not data:
-                    break
-                self._write_at(memoryview(data), span)
-                continue
+                self._copy_relayed(resp, span, view, stop, end, sock)
+                break
             # readinto fills the buffer straight from the socket; never past the span, whatever the server sends.
             asked = time.perf_counter()
             n = resp.readinto(view[: min(len(view), end - span.pos)])
@@ -561,6 +584,49 @@ class Job:
             self._write_at(view[:n], span)
         if span.pos < end:
             raise Retry(f"the response ended {span.end - span.pos} bytes early")
+
+    def _copy_relayed(
+        self,
+        resp: http.client.HTTPResponse,
+        span: _Span,
+        view: memoryview,
+        stop: threading.Event,
+        end: int,
+        sock: socket.socket | None,
+    ) -> None:
+        """Worker thread: a copied body that a relay passes on, to ``end`` or the end of the answer.
+
+        What has arrived is taken as it arrives (``read1``): ``readinto`` would wait until the buffer is full (a
+        whole part of a chunked answer, whose length the splice cannot use), and the next node of a chain with it.
+        It is gathered in the buffer and written in pieces (``RELAY_STEP``, ``RELAY_LATENCY_S``); before a read that
+        would wait longer than the latency allows, what is gathered is written first, so no byte that arrived is
+        held back while the sender is quiet. (Without the socket to look at, every read is written at once.) Bytes
+        gathered and not yet written when the answer fails are fetched again: the retry starts at the last byte
+        written.
+        """
+        poller = select.poll()
+        if sock is not None:
+            poller.register(sock.fileno(), select.POLLIN | select.POLLPRI)
+        filled = 0
+        first = 0.0
+        while span.pos + filled < end:
+            if stop.is_set():
+                raise Stopped()
+            if filled and (sock is None or _may_wait(resp, sock, poller, first + RELAY_LATENCY_S)):
+                self._write_at(view[:filled], span)  # nothing more within the latency: pass on what is here
+                filled = 0
+            data = resp.read1(min(RELAY_READ, len(view) - filled, end - span.pos - filled))
+            if not data:
+                break
+            if not filled:
+                first = time.monotonic()
+            view[filled : filled + len(data)] = data
+            filled += len(data)
+            if filled >= RELAY_STEP or filled == len(view) or time.monotonic() - first >= RELAY_LATENCY_S:
+                self._write_at(view[:filled], span)
+                filled = 0
+        if filled:
+            self._write_at(view[:filled], span)
 
     def _splice_body(
         self, resp: http.client.HTTPResponse, sock: socket.socket, span: _Span, slot: Slot, stop: threading.Event
@@ -585,14 +651,27 @@ class Job:
             except OSError:
                 return  # no pipe to be had (descriptors exhausted?): copy this body
         unreported = 0
+        first = 0.0
+        relayed = self.on_written is not None
 
         def written(pos: int, n: int) -> None:
-            nonlocal unreported
+            nonlocal unreported, first
             span.pos = pos + n
+            if relayed and not unreported:
+                first = time.monotonic()
             unreported += n
-            if unreported >= self.report_step:
+            if unreported >= self.report_step or (relayed and time.monotonic() - first >= RELAY_LATENCY_S):
                 self._report(span.pos - unreported, unreported)
                 unreported = 0
+
+        def before_wait() -> float:
+            """The socket is empty: wait for more within the latency, else report what is written first."""
+            nonlocal unreported
+            left = first + RELAY_LATENCY_S - time.monotonic()
+            if unreported and left <= 0:
+                self._report(span.pos - unreported, unreported)
+                unreported = 0
+            return left if unreported else 0.0
 
         try:
             moved = splice_body(
@@ -605,6 +684,7 @@ class Job:
                 stopped=stop.is_set,
                 timeout_s=self.cfg.read_timeout_s,
                 on_written=written,
+                before_wait=before_wait if relayed else None,
             )
         except SpliceUnsupported:
             self.dl._splice = False

@@ -83,12 +83,14 @@ def splice_body(
     stopped: Callable[[], bool],
     timeout_s: float,
     on_written: Callable[[int, int], None],
+    before_wait: Callable[[], float] | None = None,
 ) -> int:
     """Move up to ``count`` body bytes from ``sock`` to ``fd`` at ``pos``; returns how many are in the file.
 
     Returns early (fewer than ``count``) when the peer closes the connection or ``stopped()`` turns true.
-    ``on_written(pos, n)`` is called after every write to the file. Raises :class:`SpliceUnsupported` when the
-    socket cannot be spliced (before any byte was moved).
+    ``on_written(pos, n)`` is called after every write to the file; ``before_wait()``, when the socket has nothing
+    to read, before waiting: it returns how many seconds to wait for more before it is asked again (0: wait with the
+    read timeout). Raises :class:`SpliceUnsupported` when the socket cannot be spliced (before any byte was moved).
     """
     moved = 0
     poller = select.poll()
@@ -99,6 +101,10 @@ def splice_body(
             # quiet peer is waited for in poll(), with the read timeout.
             got = os.splice(sock.fileno(), pipe.write_fd, min(pipe.capacity, count - moved), flags=_NONBLOCK)
         except BlockingIOError:
+            window = before_wait() if before_wait is not None else 0.0
+            if window > 0:
+                poller.poll(window * 1000)  # more within the window, or the window is over: splice (or ask) again
+                continue
             if not poller.poll(timeout_s * 1000):
                 raise TimeoutError("timed out waiting for the response body") from None
             continue
