@@ -8,6 +8,7 @@ import datetime
 import errno
 import hashlib
 import ipaddress
+import itertools
 import json
 import os
 import ssl
@@ -636,6 +637,38 @@ async def test_a_relayed_body_is_reported_as_it_arrives_not_as_its_part_complete
     finally:
         await origin.stop()
     assert got.digests == digests(data) and sum(b - a for a, b in written) == len(data)
+
+
+@pytest.mark.parametrize("chunked", [False, True], ids=["length", "chunked"])
+async def test_a_relayed_body_arriving_in_small_pieces_is_reported_in_steps(tmp_path: Path, chunked: bool) -> None:
+    """A relay is told about the bytes in steps (``RELAY_STEP``, or what ``RELAY_LATENCY_S`` brings), not once per read:
+    a body arriving a few KiB at a time, as over a capped link, was a write, a hash update and two wake-ups of the
+    event loop per read. Every byte is still reported, once, in file order within each part."""
+    data = os.urandom(1 * MiB)
+    origin = await origin_for(data)
+    origin.chunked = chunked
+    origin.chunk = 4 * KiB
+    origin.delay = 0.001
+    written: list[tuple[int, int]] = []
+    config = replace(FAST, concurrency=1, part_size=512 * KiB, write_buffer=512 * KiB)
+    try:
+        got = await asyncio.wait_for(
+            engine(config).download(
+                origin.url,
+                tmp_path / "f",
+                Expected(len(data), digests(data)),
+                on_written=lambda a, b: written.append((a, b)),
+            ),
+            60,
+        )
+    finally:
+        await origin.stop()
+    assert got.digests == digests(data)
+    covered = sorted(written)
+    assert covered[0][0] == 0 and covered[-1][1] == len(data)
+    assert all(a[1] == b[0] for a, b in itertools.pairwise(covered))  # every byte once, nothing skipped
+    pieces = len(data) // origin.chunk  # 256 arrivals at least (reported one by one before)
+    assert len(written) <= pieces // 2, len(written)
 
 
 async def _download_until_cancelled(
