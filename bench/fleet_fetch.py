@@ -438,7 +438,8 @@ async def cell(mode: str, n: int, args: argparse.Namespace, work: Path, mirrors:
                 await asyncio.sleep(0.25)
             seconds = time.monotonic() - t0
             sampler.stop()
-            origin_bytes = sum(r.bytes_sent for r in mirror.requests())
+            served = mirror.requests()
+            origin_bytes = sum(r.bytes_sent for r in served)
             cpu = [netns.pid_cpu_seconds(a.pid) for a in agents]
             metrics = [await asyncio.to_thread(scrape, node.netns, METRICS_PORT) for node in nodes]
 
@@ -458,6 +459,19 @@ async def cell(mode: str, n: int, args: argparse.Namespace, work: Path, mirrors:
                 "single_node_s": args.single_node_s,
                 "origin_bytes": origin_bytes,
                 "cpu_s_per_agent": [round(c, 2) for c in cpu],
+                # every request the origin answered, seconds from the model's creation: when each node asked what
+                "origin_requests": [
+                    {
+                        "node": r.client,
+                        "method": r.method,
+                        "path": r.path,
+                        "status": r.status,
+                        "bytes": r.bytes_sent,
+                        "started_s": round(r.started - t0, 3),
+                        "ended_s": round(r.ended - t0, 3) if r.ended else None,  # (None: not answered to its end)
+                    }
+                    for r in served
+                ],
                 # from the model's creation on (an agent restarted meanwhile: its whole life)
                 "fetch_cpu_s_per_agent": [
                     round(c - (b if c >= b else 0.0), 2) for c, b in zip(cpu, cpu_at_start, strict=True)
