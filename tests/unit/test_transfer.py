@@ -671,6 +671,53 @@ async def test_a_relayed_body_arriving_in_small_pieces_is_reported_in_steps(tmp_
     assert len(written) <= pieces // 2, len(written)
 
 
+async def test_what_a_relayed_copy_gathered_is_kept_when_its_answer_breaks(tmp_path: Path) -> None:
+    """Bytes gathered for a relay and not yet written when a read fails (here a chunk header that is not hex, with
+    enough bytes on the socket that the read was not expected to wait) are written first: the retry asks for the
+    rest, not for them again."""
+    data = os.urandom(512 * KiB)
+    first = 128 * KiB
+    ranges: list[str | None] = []
+
+    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        head = (await reader.readuntil(b"\r\n\r\n")).decode()
+        rng = next(
+            (line.split(":", 1)[1].strip() for line in head.split("\r\n") if line.lower().startswith("range:")), None
+        )
+        ranges.append(rng)
+        if len(ranges) == 1:  # a chunked answer that breaks after its first chunk
+            writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
+            writer.write(b"%x\r\n" % first + data[:first] + b"\r\n" + b"zz" * 64 + b"\r\n")
+        else:
+            start = int(rng.removeprefix("bytes=").split("-")[0]) if rng else 0
+            body = data[start:]
+            writer.write(
+                b"HTTP/1.1 206 Partial Content\r\nContent-Length: %d\r\n"
+                b"Content-Range: bytes %d-%d/%d\r\n\r\n" % (len(body), start, len(data) - 1, len(data)) + body
+            )
+        await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(answer, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    written: list[tuple[int, int]] = []
+    try:
+        got = await asyncio.wait_for(
+            engine(replace(FAST, part_size=len(data), write_buffer=len(data))).download(
+                f"http://127.0.0.1:{port}/file",
+                tmp_path / "f",
+                Expected(len(data), digests(data)),
+                on_written=lambda a, b: written.append((a, b)),
+            ),
+            30,
+        )
+    finally:
+        server.close()
+        await server.wait_closed()
+    assert got.digests == digests(data)
+    assert ranges[1] == f"bytes={first}-{len(data) - 1}"  # the first chunk was kept, not fetched again
+
+
 async def _download_until_cancelled(
     dl: RangedDownloader, url: str, dest: Path, expected: Expected, fraction: float
 ) -> int:

@@ -600,9 +600,8 @@ class Job:
         whole part of a chunked answer, whose length the splice cannot use), and the next node of a chain with it.
         It is gathered in the buffer and written in pieces (``RELAY_STEP``, ``RELAY_LATENCY_S``); before a read that
         would wait longer than the latency allows, what is gathered is written first, so no byte that arrived is
-        held back while the sender is quiet. (Without the socket to look at, every read is written at once.) Bytes
-        gathered and not yet written when the answer fails are fetched again: the retry starts at the last byte
-        written.
+        held back while the sender is quiet, and what is gathered when a read fails is written before the error goes
+        on (the retry starts after it). (Without the socket to look at, every read is written at once.)
         """
         poller = select.poll()
         if sock is not None:
@@ -615,7 +614,12 @@ class Job:
             if filled and (sock is None or _may_wait(resp, sock, poller, first + RELAY_LATENCY_S)):
                 self._write_at(view[:filled], span)  # nothing more within the latency: pass on what is here
                 filled = 0
-            data = resp.read1(min(RELAY_READ, len(view) - filled, end - span.pos - filled))
+            try:
+                data = resp.read1(min(RELAY_READ, len(view) - filled, end - span.pos - filled))
+            except BaseException:
+                if filled:  # what arrived before the answer broke is kept: the retry starts after it
+                    self._write_at(view[:filled], span)
+                raise
             if not data:
                 break
             if not filled:
