@@ -29,8 +29,9 @@ Measured per cell: seconds until every Node carries the model's Ready label (and
 bytes served (at the proxy), per node the bytes by source and the peer upload bytes (the agent's /metrics,
 scraped inside its namespace), the bytes its link sent and received and its peak upload rate over 2 s and
 5 s windows (host-side veth counters sampled every 0.5 s), CPU seconds (/proc of the agent: its whole life, and
-from the model's creation on), and one node alone at the same caps (the baseline of the time ratios). Writes ``bench/results/fleet_fetch.json``,
-``bench/FLEET_FETCH.md`` and ``bench/FLEET_FETCH.png`` (``--results``/``--report`` for a dev run elsewhere).
+from the model's creation on), every request the origin answered with its times, and one node alone at the same
+caps (the baseline of the time ratios). Writes ``bench/results/fleet_fetch.json``, ``bench/FLEET_FETCH.md`` and
+``bench/FLEET_FETCH.png`` (``--results``/``--report`` for a dev run elsewhere).
 """
 
 from __future__ import annotations

@@ -569,12 +569,11 @@ class Job:
         (``sock``: the answer's connection, when the caller has it)."""
         end = span.end if until is None else until
         view = memoryview(buf)
-        while span.pos < end:
+        if self.on_written is not None:
+            self._copy_relayed(resp, span, view, stop, end, sock)
+        while self.on_written is None and span.pos < end:
             if stop.is_set():
                 raise Stopped()  # the awaiting task was cancelled and waits for this thread to let go
-            if self.on_written is not None:
-                self._copy_relayed(resp, span, view, stop, end, sock)
-                break
             # readinto fills the buffer straight from the socket; never past the span, whatever the server sends.
             asked = time.perf_counter()
             n = resp.readinto(view[: min(len(view), end - span.pos)])
@@ -658,6 +657,12 @@ class Job:
         first = 0.0
         relayed = self.on_written is not None
 
+        def report() -> None:
+            nonlocal unreported
+            if unreported:
+                self._report(span.pos - unreported, unreported)
+                unreported = 0
+
         def written(pos: int, n: int) -> None:
             nonlocal unreported, first
             span.pos = pos + n
@@ -665,16 +670,13 @@ class Job:
                 first = time.monotonic()
             unreported += n
             if unreported >= self.report_step or (relayed and time.monotonic() - first >= RELAY_LATENCY_S):
-                self._report(span.pos - unreported, unreported)
-                unreported = 0
+                report()
 
         def before_wait() -> float:
             """The socket is empty: wait for more within the latency, else report what is written first."""
-            nonlocal unreported
             left = first + RELAY_LATENCY_S - time.monotonic()
-            if unreported and left <= 0:
-                self._report(span.pos - unreported, unreported)
-                unreported = 0
+            if left <= 0:
+                report()
             return left if unreported else 0.0
 
         try:
@@ -696,8 +698,7 @@ class Job:
         except FileWriteError as exc:
             raise disk_error(self.label, exc.cause, "writing") from exc.cause
         finally:
-            if unreported:
-                self._report(span.pos - unreported, unreported)
+            report()
             if slot.pipe is not None and not slot.pipe.file_writes_ok:
                 self.dl._splice = False
         if stop.is_set():
