@@ -53,13 +53,16 @@ class FakeDirectory:
 
 
 @contextlib.asynccontextmanager
-async def peer(tmp_path: Path, content: bytes, *, flip: bool = False) -> AsyncIterator[str]:
-    """A real peer server holding ``content``; with ``flip``, a proxy in front that flips one byte."""
+async def peer(
+    tmp_path: Path, content: bytes, *, flip: bool = False, git_sha1: str | None = None
+) -> AsyncIterator[str]:
+    """A real peer server holding ``content`` (recorded with ``git_sha1`` too when given, as a hub's small file
+    is); with ``flip``, a proxy in front that flips one byte."""
     dest = tmp_path / f"models-{os.urandom(4).hex()}" / "m"
     dest.mkdir(parents=True)
     (dest / "w.bin").write_bytes(content)
     rec = FileRecord(
-        "w.bin", len(content), hashlib.sha256(content).hexdigest(), None, (dest / "w.bin").stat().st_mtime_ns
+        "w.bin", len(content), hashlib.sha256(content).hexdigest(), git_sha1, (dest / "w.bin").stat().st_mtime_ns
     )
     manifest = Manifest(key="k", uid="u", storage_uri="hf://o/m", dest=str(dest), files=[rec])
     server = PeerServer(

@@ -275,4 +275,4 @@ async def test_a_waiting_answer_is_woken_by_a_write_and_a_failure_forgets_what_w
         relays.failed(relay)
         async with asyncio.timeout(5):
             await waiter  # the failure wakes it: the answer ends
-        assert relay.written.end_from(0) == 0 and relays.find(relay.sha256) is None
+        assert relay.written.end_from(0) == 0 and relays.find(relay.digest) is None

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import hashlib
 import os
 import socket
@@ -20,6 +21,7 @@ from model_agent.peers.auth import TokenReviewer
 from model_agent.peers.relay import FROM_HEADER, PATH_HEADER, Relays
 from model_agent.peers.server import SO_MAX_PACING_RATE, BlobIndex, PeerServer, UploadPacer, parse_range
 from model_agent.transfer.partmap import PartMap
+from tests.unit.test_hf_source import git_sha1
 
 AGENT = "system:serviceaccount:ns:model-agent"
 
@@ -69,12 +71,14 @@ async def served(tmp_path: Path) -> AsyncIterator[tuple[PeerServer, list[Manifes
         await server.stop()
 
 
-async def _get(server: PeerServer, digest: str, token: str | None, **headers: str) -> tuple[int, bytes, Any]:
+async def _get(
+    server: PeerServer, digest: str, token: str | None, *, algorithm: str = "sha256", **headers: str
+) -> tuple[int, bytes, Any]:
     if token is not None:
         headers["Authorization"] = f"Bearer {token}"
     async with (
         aiohttp.ClientSession() as s,
-        s.get(f"http://127.0.0.1:{server.port}/blobs/sha256/{digest}", headers=headers) as r,
+        s.get(f"http://127.0.0.1:{server.port}/blobs/{algorithm}/{digest}", headers=headers) as r,
     ):
         return r.status, await r.read(), r.headers
 
@@ -94,6 +98,22 @@ async def test_serves_a_ready_file_whole_and_by_range(tmp_path: Path, served: An
     status, _, headers = await _get(server, digest, "good", Range=f"bytes={len(content)}-")
     assert status == 416 and headers["Content-Range"] == f"bytes */{len(content)}"
     assert server.uploaded == len(content) + 10 + 7
+
+
+async def test_a_small_file_is_served_by_its_git_blob_id_too(tmp_path: Path, served: Any) -> None:
+    # A hub lists only the git blob id of a small file: peers ask for it by that id, under its own route.
+    server, manifests, _ = served
+    content = b'{"architectures": ["LlamaForCausalLM"]}'
+    manifest, sha256 = _model(tmp_path, content, "config.json")
+    oid = git_sha1(content)
+    manifest.files[0] = dataclasses.replace(manifest.files[0], git_sha1=oid)
+    manifests.append(manifest)
+    assert (await _get(server, oid, "good", algorithm="git-sha1"))[:2] == (200, content)
+    assert (await _get(server, sha256, "good"))[:2] == (200, content)
+    # a digest is served only under the route of its own algorithm, in lower-case hex
+    for algorithm, digest in (("sha256", oid), ("git-sha1", sha256), ("sha1", oid), ("git-sha1", oid.upper())):
+        status, body, _ = await _get(server, digest, "good", algorithm=algorithm)
+        assert status == 404 and body != content, (algorithm, digest)
 
 
 async def test_refuses_missing_and_wrong_tokens_and_caches_reviews(tmp_path: Path, served: Any) -> None:

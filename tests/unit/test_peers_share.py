@@ -10,6 +10,8 @@ import asyncio
 import hashlib
 from pathlib import Path
 
+import pytest
+
 from model_agent.agent.fetcher import Fetcher, Job
 from model_agent.model.entry import BytesBySource
 from model_agent.peers.bans import Bans
@@ -20,7 +22,7 @@ from model_agent.sources.egress import NAMESPACED_KIND, Owner
 from model_agent.sources.hf import HuggingFaceSource
 from model_agent.transfer import RangedConfig
 from tests.support.waiting import until
-from tests.unit.test_hf_source import Fakes, KiB, fakes, request_for  # noqa: F401  (fakes: the fixture)
+from tests.unit.test_hf_source import Fakes, KiB, fakes, git_sha1, request_for  # noqa: F401  (fakes: the fixture)
 from tests.unit.test_peers_fetch import FakeDirectory, peer
 
 
@@ -50,6 +52,35 @@ async def test_the_progress_counts_peer_and_origin_bytes(
     # the weights the peer holds came from it; everything else from the origin (the CDN, the hub)
     assert sources == BytesBySource(origin=total - len(weights), peer=len(weights))
     assert hashlib.sha256(weights).hexdigest() not in {s.path.rsplit("/", 1)[-1] for s in f.cdn}
+
+
+@pytest.mark.parametrize("flip", [False, True], ids=["honest", "lying"])
+async def test_a_small_file_is_asked_from_peers_by_its_git_blob_id(
+    fakes: tuple[Fakes, dict[str, bytes]],  # noqa: F811
+    tmp_path: Path,
+    flip: bool,
+) -> None:
+    # The hub lists a small file's git blob id only: peers are asked by that id, and what one sends is checked
+    # against the id the hub listed. An honest peer spares the hub the request; a lying one is banned, and the
+    # file comes from the hub, intact.
+    f, files = fakes
+    config = files["config.json"]
+    async with peer(tmp_path / "peer", config, flip=flip, git_sha1=git_sha1(config)) as address:
+        seen: list[Progress] = []
+        request = request_for(tmp_path)
+        request.on_progress = seen.append
+        source = hf_with_peers(f, address)
+        result = await source.fetch(request)
+    asked_hub = [s for s in f.hub if s.path.endswith("/config.json")]
+    assert (request.staging / "config.json").read_bytes() == config
+    assert [r.git_sha1 for r in result.files if r.path == "config.json"] == [git_sha1(config)]
+    sources = by_source(seen[-1])
+    assert sources is not None
+    if flip:
+        assert source.peers is not None and source.peers.bans.banned(address)
+        assert len(asked_hub) == 1 and sources.peer == 0
+    else:
+        assert asked_hub == [] and sources.peer == len(config)
 
 
 async def test_a_plain_progress_counts_nothing() -> None:

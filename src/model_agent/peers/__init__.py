@@ -1,8 +1,8 @@
 """Node-to-node distribution: a node takes the files of a model from peers that already hold them.
 
-Role: each agent serves the files of its Ready models read-only on the node network
-(:mod:`.server`, content-addressed ``/blobs/sha256/<hex>`` with ``Range``), and the files it is fetching by
-their durable parts (:mod:`.relay`); a fetching agent learns who holds a model from the cluster
+Role: each agent serves the files of its Ready models read-only on the node network (:mod:`.server`,
+content-addressed ``/blobs/sha256/<hex>`` or ``/blobs/git-sha1/<hex>`` with ``Range``), and the files it is
+fetching by their durable parts (:mod:`.relay`); a fetching agent learns who holds a model from the cluster
 (:mod:`.directory`: Nodes labelled Ready, or Updating, for a model of the same source and annotated with a peer
 address), takes each file from one of them through the transfer engine (:mod:`.fetch`; a holder takes at most
 ``downstreams_per_file`` nodes per file at once, so the fleet fetches in chains rather than all from the seed),
@@ -12,9 +12,11 @@ for an origin slot it keeps looking for a peer (:mod:`.seeding`), so the origin-
 Guarantees:
 
 1. **Verified against the origin, never the peer.** A file is asked from a peer only when the origin's own
-   listing gave its sha256, and the engine checks the bytes against that digest; a peer's word is never
-   used. A mismatch deletes the file (the engine's guarantee), bans that peer for a while (:mod:`.bans`,
-   counted) and the next peer or the origin is tried: a lying peer costs bandwidth, never correctness.
+   listing gave its digest (an LFS file's sha256, a small file's git blob sha1), and the engine checks the bytes
+   against that digest; a peer's word is never used. (A git blob id is a SHA-1: to pass, a peer would need a
+   second preimage of a digest it did not choose, which no known attack on SHA-1 gives.) A mismatch deletes the
+   file (the engine's guarantee), bans that peer for a while (:mod:`.bans`, counted) and the next peer or the
+   origin is tried: a lying peer costs bandwidth, never correctness.
 2. **Fallback is the origin as before.** No peer, every peer banned or failing, or the service off: the
    file comes from the origin exactly as without peers.
 3. **Only peers of this cluster's agent.** Both directions authenticate: a fetch presents a projected
@@ -23,7 +25,7 @@ Guarantees:
    goes to an origin, origin credentials never go to a peer.
 4. **Read-only and confined.** The server serves only files recorded in this node's manifests, whose size
    and mtime still match the record, and the parts of files this node is fetching that its part maps record as
-   durable (written and fdatasync-ed), of files whose sha256 the origin's listing gave, never one that failed or is
+   durable (written and fdatasync-ed), of files whose digest the origin's listing gave, never one that failed or is
    being deleted; each opened without following symlinks and inside the models roots; it caps its upload rate
    (token bucket), the requests in flight per peer and the downstream nodes per file (429 over the limits).
 5. **Off unless asked.** ``PeerConfig.enabled`` is false by default (drop-in compatibility with OME's

@@ -1,13 +1,14 @@
 """The fetch side: one file from a peer through the transfer engine, verified against the origin's digest.
 
-:meth:`PeerFetcher.fetch` is the hook a source calls before it goes to the origin for a file whose sha256 the
-origin's listing gave. It asks the holders of the source (:mod:`.directory`): the nodes Ready for it, and the nodes
-still fetching it, which relay the durable parts of their files (:mod:`.relay`), in the order
-:func:`~model_agent.peers.relay.order_candidates` gives (Ready copies first, then the nearest fetching node before
-this one, so the fleet lines up in chains). Each candidate is first probed (``HEAD``: it answers only when it has the
-file and a free downstream place for it, and names the chain it gets it through; one whose chain contains this
-node is skipped: no cycles); the file is then one ``engine.download`` of ``http://<peer>/blobs/sha256/<digest>``
-with the peer token as the only credential and ``Expected(size, {"sha256": digest})`` from the origin's listing.
+:meth:`PeerFetcher.fetch` is the hook a source calls before it goes to the origin for a file whose digest the
+origin's listing gave (an LFS file's sha256, or a small file's git blob sha1: :func:`~.relay.blob_algorithm`). It
+asks the holders of the source (:mod:`.directory`): the nodes Ready for it, and the nodes still fetching it, which
+relay the durable parts of their files (:mod:`.relay`), in the order :func:`~.relay.order_candidates` gives (Ready
+copies first, then the nearest fetching node before this one, so the fleet lines up in chains). Each candidate is
+first probed (``HEAD``: it answers only when it has the file and a free downstream place for it, and names the chain
+it gets it through; one whose chain contains this node is skipped: no cycles); the file is then one
+``engine.download`` of ``http://<peer>/blobs/<algorithm>/<digest>`` with the peer token as the only credential and
+``Expected(size, {algorithm: digest})`` from the origin's listing.
 
 Contract:
 
@@ -47,7 +48,16 @@ import structlog
 from model_agent.model.errors import SourceError
 from model_agent.peers.bans import Bans
 from model_agent.peers.directory import PeerDirectory
-from model_agent.peers.relay import FROM_HEADER, PATH_HEADER, Relay, Relays, chain_of, order_candidates
+from model_agent.peers.relay import (
+    FROM_HEADER,
+    PATH_HEADER,
+    Relay,
+    Relays,
+    blob_checks,
+    blob_path,
+    chain_of,
+    order_candidates,
+)
 from model_agent.peers.seeding import ORIGIN_GATE
 from model_agent.transfer import Downloaded, Expected, RangedConfig, engine_session
 
@@ -149,14 +159,14 @@ class PeerFetcher:
         at = (round_ * (PROBES_PER_ROUND - NEAREST)) % len(rest)
         return order[:NEAREST] + (rest[at:] + rest[:at])[: PROBES_PER_ROUND - NEAREST]
 
-    async def probe(self, address: str, sha256: str, token: str) -> tuple[str, ...] | int:
-        """The chain ``address`` gets ``sha256`` through, when it can serve this node now; else the HTTP status
+    async def probe(self, address: str, digest: str, token: str) -> tuple[str, ...] | int:
+        """The chain ``address`` gets ``digest`` through, when it can serve this node now; else the HTTP status
         (429: it has the file and serves another node; 0: no answer)."""
         if self._probes is None:
             self._probes = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=PROBE_TIMEOUT_S))
         headers = {"Authorization": f"Bearer {token}", FROM_HEADER: self.me()}
         try:
-            async with self._probes.head(f"http://{address}/blobs/sha256/{sha256}", headers=headers) as resp:
+            async with self._probes.head(f"http://{address}{blob_path(digest)}", headers=headers) as resp:
                 if resp.status not in (200, 206):
                     return resp.status
                 return chain_of(resp.headers.get(PATH_HEADER))
@@ -168,7 +178,7 @@ class PeerFetcher:
         self,
         engine: RangedDownloader,
         uri: str,
-        sha256: str,
+        digest: str,
         size: int,
         path: Path,
         *,
@@ -178,13 +188,13 @@ class PeerFetcher:
         reservation: Reservation | None = None,
         relay: Relay | None = None,
     ) -> Downloaded | None:
-        """``path`` from a peer, verified against ``sha256`` (the origin's); None when no peer could give it."""
+        """``path`` from a peer, verified against ``digest`` (the origin's); None when no peer could give it."""
         token = self.token()
         if not token:
             return None
         gate = ORIGIN_GATE.get()
         turn = next(self._turn)
-        file = _File(sha256, size, path, state_path, label, on_bytes, reservation, relay)
+        file = _File(digest, size, path, state_path, label, on_bytes, reservation, relay)
         started = time.monotonic()
         busy_since: float | None = None
         for round_ in itertools.count():
@@ -243,7 +253,7 @@ class PeerFetcher:
         if not token:
             return None
         file.probes += 1
-        chain = await self.probe(address, file.sha256, token)
+        chain = await self.probe(address, file.digest, token)
         if isinstance(chain, int):
             return BUSY if chain == BUSY else None
         if me and me in chain:
@@ -253,9 +263,9 @@ class PeerFetcher:
         before = file.written
         try:
             return await engine.download(
-                f"http://{address}/blobs/sha256/{file.sha256}",
+                f"http://{address}{blob_path(file.digest)}",
                 file.path,
-                Expected(file.size, {"sha256": file.sha256}),
+                Expected(file.size, blob_checks(file.digest)),
                 headers={"Authorization": f"Bearer {token}", FROM_HEADER: me},
                 state_path=file.state_path,
                 label=f"{file.label} (peer {address})",
@@ -294,7 +304,7 @@ class PeerFetcher:
 class _File:
     """One file being asked from peers, across attempts: the bytes written so far and who sent them."""
 
-    sha256: str
+    digest: str
     size: int
     path: Path
     state_path: Path

@@ -4,8 +4,9 @@ Role: what lets a fleet fetch in about one model time instead of N: every node s
 it, so the fleet forms chains (the seed gives each file to one node, which gives it to the next, ...) instead of
 every node waiting for the seed's copy and sharing its upload. Three pieces, no I/O but the part map's:
 
-* :class:`Relays`: the files this node is fetching that may be served, by sha256. A source registers a file
-  (:meth:`Relays.scope`) only when the sha256 came from the origin's own listing, the same rule as for Ready
+* :class:`Relays`: the files this node is fetching that may be served, by digest (:func:`blob_algorithm`). A
+  source registers a file (:meth:`Relays.scope`) only when the digest came from the origin's own listing, the same
+  rule as for Ready
   files; an entry is servable only once it has a source (``upstream`` set: the origin, or a peer chain), so a
   node that has not started a file never makes another wait for it; an entry that failed (the engine deleted a
   file whose bytes did not verify) is gone at once and stops answers in flight. A file whose fetch verified and
@@ -36,6 +37,7 @@ import asyncio
 import bisect
 import contextlib
 import os
+import re
 import stat
 import time
 from collections.abc import Callable, Iterator
@@ -47,13 +49,36 @@ from model_agent.transfer.partmap import PartMap
 LINGER_S = 10.0  # a verified file stays servable this long after its fetch ended (until the published copy is)
 PATH_HEADER = "X-Peer-Path"  # the chain above the holder, comma separated ("" for the origin or a Ready copy)
 FROM_HEADER = "X-Peer-From"  # the downstream's advertised address (its identity for the per-file cap)
+# What peers serve and ask a file by: the digest the origin's listing gave, whose length names its algorithm. An LFS
+# file's sha256 (64 hex); else a git blob's sha1 (40 hex): a hub lists no sha256 for its small files.
+BLOB_ALGORITHMS = {64: "sha256", 40: "git-sha1"}
+_HEX = re.compile(r"^[0-9a-f]+$")
+
+
+def blob_algorithm(digest: str) -> str | None:
+    """The algorithm of ``digest`` (by its length), or None when peers serve nothing by it."""
+    return BLOB_ALGORITHMS.get(len(digest)) if _HEX.match(digest) else None
+
+
+def blob_checks(digest: str) -> dict[str, str]:
+    """What a file of ``digest`` is verified against: ``{algorithm: digest}`` (ValueError: no digest peers serve by)."""
+    algorithm = blob_algorithm(digest)
+    if algorithm is None:
+        raise ValueError(f"not a digest peers serve by: {digest[:80]!r}")
+    return {algorithm: digest}
+
+
+def blob_path(digest: str) -> str:
+    """Where a peer serves ``digest``: ``/blobs/<algorithm>/<digest>``."""
+    ((algorithm, _),) = blob_checks(digest).items()
+    return f"/blobs/{algorithm}/{digest}"
 
 
 @dataclass
 class Relay:
     """A file being fetched here: where it is, its part map, and the chain it comes through."""
 
-    sha256: str
+    digest: str  # the origin's, which names its algorithm (:func:`blob_algorithm`)
     path: Path
     state_path: Path
     size: int
@@ -141,7 +166,7 @@ class WrittenRanges:
 
 
 class Relays:
-    """The registry of relayable files of this node, by sha256 (see the module contract)."""
+    """The registry of relayable files of this node, by digest (see the module contract)."""
 
     def __init__(self, roots: Callable[[], list[Path]] = list, *, linger_s: float = LINGER_S) -> None:
         self.roots = roots
@@ -181,7 +206,7 @@ class Relays:
 
     def _linger(self, relay: Relay) -> bool:
         """Keep a verified file servable for ``linger_s`` from a descriptor opened now (still in the staging)."""
-        if self.linger_s <= 0 or self._by_digest.get(relay.sha256) is not relay:
+        if self.linger_s <= 0 or self._by_digest.get(relay.digest) is not relay:
             return False
         relay.fd = open_confined(relay.path, relay.size, self.roots())
         relay.until = time.monotonic() + self.linger_s
@@ -213,15 +238,15 @@ class Relays:
             self._drop(relay)
 
     def _add(self, relay: Relay) -> None:
-        old = self._by_digest.get(relay.sha256)
+        old = self._by_digest.get(relay.digest)
         if old is None or not old.servable or relay.servable or old.fd is not None:
             if old is not None and old is not relay and old.fd is not None:
                 self._drop(old)
-            self._by_digest[relay.sha256] = relay
+            self._by_digest[relay.digest] = relay
 
     def _drop(self, relay: Relay) -> None:
-        if self._by_digest.get(relay.sha256) is relay:
-            del self._by_digest[relay.sha256]
+        if self._by_digest.get(relay.digest) is relay:
+            del self._by_digest[relay.digest]
         if relay.fd is not None:
             fd, relay.fd = relay.fd, None
             os.close(fd)
@@ -237,9 +262,9 @@ class RelayScope:
     relays: Relays
     entries: list[Relay] = field(default_factory=list)
 
-    def start(self, sha256: str, size: int, path: Path, state_path: Path) -> Relay:
+    def start(self, digest: str, size: int, path: Path, state_path: Path) -> Relay:
         """Register a file about to be fetched (not servable until it is :meth:`Relays.fed_by` a source)."""
-        relay = Relay(sha256, path, state_path, size)
+        relay = Relay(digest, path, state_path, size)
         self.entries.append(relay)
         self.relays._add(relay)
         return relay

@@ -2,8 +2,8 @@
 
 :func:`peer_aware_slots` wraps the fleet's origin-slot hold (:mod:`model_agent.agent.origin_slots`). A fetch
 of a source that some peer already holds Ready does not take an origin slot at all (its files come from
-peers; the few the peers cannot give, e.g. small files the origin lists without a sha256, come from the
-origin without a slot, as a slot-less agent would). A fetch that has to wait for a slot looks at the directory
+peers; the few the peers cannot give, e.g. files the origin lists without a digest, come from the origin
+without a slot, as a slot-less agent would). A fetch that has to wait for a slot looks at the directory
 every ``poll_s`` meanwhile and stops waiting as soon as a holder appears. So with one slot the origin serves a
 model's bytes about once: to the first node, which then seeds the others. Only a fetch that takes bytes from peers
 does either (the ``takes_from_peers`` rule it is handed, :func:`model_agent.sources.egress.takes_from_peers`: a

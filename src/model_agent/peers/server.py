@@ -1,13 +1,14 @@
 """The peer server: this node's Ready model files, and what it has of those it is fetching, read-only, by
-sha256, to authenticated peers.
+digest, to authenticated peers.
 
-``GET`` and ``HEAD /blobs/sha256/<64 hex>``, with a single ``Range`` (``bytes=a-b``, ``a-``, ``-n``:
-206 with ``Content-Range``; 416 outside the file). Nothing else is routed.
+``GET`` and ``HEAD /blobs/sha256/<64 hex>`` and ``/blobs/git-sha1/<40 hex>`` (a hub's small files, whose listing
+gives only their git blob id), with a single ``Range`` (``bytes=a-b``, ``a-``, ``-n``: 206 with
+``Content-Range``; 416 outside the file). Nothing else is routed.
 
 Contract:
 
 * **What is served.** Only files recorded in this node's manifests (published models; a model whose
-  removal was decided is left out), looked up by the sha256 the manifest records, and only while the file's
+  removal was decided is left out), looked up by a digest the manifest records, and only while the file's
   size and mtime still match the record (a file changed on disk is 404). The index is rebuilt from the
   manifests at most every ``index_s``; a digest not found forces one rebuild (at most once a second).
 * **Files being fetched** (:mod:`.relay`, when given ``relays``): a digest no manifest records is looked up in
@@ -50,7 +51,16 @@ from aiohttp import web
 from model_agent.local.manifest import Manifest
 from model_agent.ops.http import serve
 from model_agent.peers.auth import TokenReviewer
-from model_agent.peers.relay import FROM_HEADER, PATH_HEADER, Downstreams, DurableView, Relay, Relays, open_confined
+from model_agent.peers.relay import (
+    FROM_HEADER,
+    PATH_HEADER,
+    Downstreams,
+    DurableView,
+    Relay,
+    Relays,
+    blob_algorithm,
+    open_confined,
+)
 
 log = structlog.get_logger(__name__)
 
@@ -61,7 +71,6 @@ RELAY_BATCH_S = 0.05  # ... or whatever is there after this long (at most the ho
 RELAY_WAIT_S = 5.0  # no new byte in the file for this long: the answer ends short (the client resumes)
 SO_MAX_PACING_RATE = getattr(socket, "SO_MAX_PACING_RATE", 47)  # Linux >= 3.13; the constant is missing in 3.11
 _PACING_MAX = 2**32 - 1  # the option is a u32 when set as an int
-_DIGEST = re.compile(r"^[0-9a-f]{64}$")
 _RANGE = re.compile(r"^bytes=(\d*)-(\d*)$")
 
 
@@ -75,7 +84,7 @@ class Blob:
 
 
 class BlobIndex:
-    """sha256 -> file, from the manifests of this node (see the module contract)."""
+    """digest -> file, from the manifests of this node (see the module contract)."""
 
     def __init__(
         self,
@@ -98,8 +107,9 @@ class BlobIndex:
                 continue
             dest = Path(manifest.dest)
             for f in manifest.files:
-                if f.sha256 and _DIGEST.match(f.sha256):
-                    blobs[f.sha256] = Blob(dest / f.path, f.size, f.mtime_ns)
+                for digest in (f.sha256, f.git_sha1):
+                    if digest and blob_algorithm(digest):
+                        blobs[digest] = Blob(dest / f.path, f.size, f.mtime_ns)
         return blobs
 
     async def find(self, digest: str) -> Blob | None:
@@ -237,7 +247,7 @@ class PeerServer:
     def app(self) -> web.Application:
         """The routes: the blob endpoint only."""
         app = web.Application()
-        app.router.add_get("/blobs/sha256/{digest}", self._blob)  # HEAD too (allow_head)
+        app.router.add_get("/blobs/{algorithm}/{digest}", self._blob)  # HEAD too (allow_head)
         return app
 
     async def start(self) -> None:
@@ -276,8 +286,8 @@ class PeerServer:
             headers = {"WWW-Authenticate": "Bearer"} if verdict.status == 401 else {}
             return web.Response(status=verdict.status, headers=headers, text=verdict.why + "\n")
         digest = req.match_info["digest"]
-        if not _DIGEST.match(digest):
-            return web.Response(status=404, text="not a sha256\n")
+        if blob_algorithm(digest) != req.match_info["algorithm"]:
+            return web.Response(status=404, text="not a sha256 or git-sha1 digest\n")
         blob = await self.index.find(digest)
         relay = self.relays.find(digest) if blob is None and self.relays is not None else None
         chain: tuple[str, ...] = ()

@@ -26,12 +26,14 @@ Two data paths, by file:
   ``.incomplete`` bookkeeping, a second read to verify) made twenty small files take 0.33 s of fetch on the
   reference box.
 
-With peers on (:mod:`model_agent.peers`), an LFS file is first asked from nodes that hold the model Ready or are
-fetching it (they relay its durable parts), through a second engine session, against the sha256 the hub listed
-(never one a peer gives); the origin path above is taken for what no peer gives, and for small files (the hub lists
-no sha256 for them). Meanwhile this node relays each LFS file it fetches (:mod:`model_agent.peers.relay`), whether
-from peers or the origin, in parts of the peers' relay part size. The hub token never
-goes to a peer, the peer token never to the hub.
+With peers on (:mod:`model_agent.peers`), every file is first asked from nodes that hold the model Ready or are
+fetching it (they relay its durable parts), through a second engine session, against the digest the hub listed
+(never one a peer gives): an LFS file's sha256, a small file's git blob sha1. The origin path above is taken for
+what no peer gives. So a fleet's requests to the hub do not grow with its size: small files too come from the
+origin once (measured: 45 small-file GETs from 15 nodes at once slowed the seed's own first requests to the mirror
+from about 0.05 s to 0.5 s; docs/performance.md). Meanwhile this node relays each file it fetches
+(:mod:`model_agent.peers.relay`), whether from peers or the origin, in parts of the peers' relay part size. The hub
+token never goes to a peer, the peer token never to the hub.
 
 ``HF_ENDPOINT`` (or an explicit endpoint) selects the hub or a mirror: the admin's, never a tenant's. Tokens are
 resolved by the caller (:mod:`model_agent.agent.credentials`: the platform ``HF_TOKEN`` only for trusted models),
@@ -292,8 +294,8 @@ class HuggingFaceSource:
         # who knows a digest would get weights its own credentials cannot read.
         from_peers = takes_from_peers(request.storage_uri, request.owner)
         peers = self.peers if from_peers else None
-        # With peers, a file this node fetches is served to them by its durable parts while it is fetched (its LFS
-        # sha256 came from the hub's listing): registered in a relay scope. From the origin it then comes through
+        # With peers, a file this node fetches is served to them by its durable parts while it is fetched (its
+        # digest came from the hub's listing): registered in a relay scope. From the origin it then comes through
         # its own engine session in parts of the relay part size, at most RELAY_ORIGIN_CONCURRENCY at once: a
         # server that ignores Range (a mirror) answers each of those requests with the whole file until the engine
         # reads it as one stream, and more of them would only cost origin bytes.
@@ -322,17 +324,19 @@ class HuggingFaceSource:
                     label = f"{repo}@{commit[:12]}/{remote.path}"
                     staged = request.staging / remote.path
                     state_path = part_map_path(request.staging, remote.path)
+                    # peers serve and are asked for a file by the digest the hub listed, which names its algorithm
+                    digest = remote.sha256 or remote.git_sha1
                     relay = None
-                    if scope is not None and remote.sha256:
-                        relay = scope.start(remote.sha256, remote.size, staged, state_path)
+                    if scope is not None and digest:
+                        relay = scope.start(digest, remote.size, staged, state_path)
                     async with gate:
                         try:
                             got = None
-                            if peer_engine is not None and peers is not None and remote.sha256:
+                            if peer_engine is not None and peers is not None and digest:
                                 got = await peers.fetch(
                                     peer_engine,
                                     request.storage_uri,
-                                    remote.sha256,
+                                    digest,
                                     remote.size,
                                     staged,
                                     state_path=state_path,
