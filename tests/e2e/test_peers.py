@@ -244,9 +244,12 @@ async def test_peers_serve_the_fleet_a_liar_is_banned_and_the_service_off_falls_
     print(f"peers e2e: bytesBySource by node {came_from}")
     assert came_from[seed.node]["peer"] == 0 and came_from[seed.node]["origin"] >= 0.99 * total
     repo_bytes = came_from[seed.node]["origin"]  # every file of the repo (.gitattributes too), once
-    for agent in (liar, b, c):  # the weights from peers; the small files (no sha256 listed) from the origin
+    for agent in (liar, b, c):  # from peers, the small files too (by their git blob id), each byte counted once
         assert came_from[agent.node]["peer"] >= 0.5 * total, came_from
-        assert sum(came_from[agent.node].values()) == repo_bytes, came_from  # each byte counted once
+        assert sum(came_from[agent.node].values()) == repo_bytes, came_from
+    # the liar node joined alone, the seed Ready: every file from it, nothing from the origin
+    assert came_from[liar.node] == {"origin": 0, "peer": repo_bytes, "sharedRoot": 0}, came_from
+    assert served.get(liar.node, 0) == 0, served
     assert came_from[off.node]["peer"] == 0 and came_from[off.node]["origin"] >= 0.99 * total
 
     # 4. a tenant's BaseModel of the same source on a peer-enabled node: four peers hold the source Ready, yet it
