@@ -9,9 +9,9 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import aiohttp
 import pytest
@@ -364,9 +364,7 @@ async def test_cut_watch_after_seconds_abruptly(
 
 async def test_inject_deleted_reaches_an_open_watch(proxy: FaultProxy, upstream: Upstream, kube: KubeClient) -> None:
     upstream.initial_lines = [event_line("ADDED", "a", 8)]
-    events = cast(
-        AsyncGenerator[dict[str, Any], None], kube.watch_lines(CM_PATH, query={"watch": "true"}, read_timeout=WAIT_S)
-    )
+    events = kube.watch_lines(CM_PATH, query={"watch": "true"}, read_timeout=WAIT_S)
     try:
         first = await asyncio.wait_for(anext(events), WAIT_S)
         assert first["type"] == "ADDED"

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -253,15 +253,27 @@ def _doc(manifest: Manifest, **changes: Any) -> str:
 
 
 class LeaseApi:
-    """Leases in memory: GET, POST (409 if it exists), PUT (409 on a stale resourceVersion)."""
+    """Objects in memory by name (Leases, and the ConfigMaps of resolve records): GET, POST (409 if it exists), PUT
+    (409 on a stale resourceVersion); a LIST and a WATCH of one name (``fieldSelector=metadata.name=...``), what a
+    reflector with a field selector asks; ``lists``/``watches`` count them."""
 
     def __init__(self) -> None:
         self.leases: dict[str, dict[str, Any]] = {}
         self.version = 0
         self.puts: list[str] = []
+        self.lists = 0
+        self.watches = 0
+        self._watchers: list[tuple[str, asyncio.Queue[dict[str, Any]]]] = []
 
-    async def request(self, method: str, path: str, body: Any = None, **_kw: Any) -> Any:
+    async def request(
+        self, method: str, path: str, body: Any = None, *, query: dict[str, Any] | None = None, **_kw: Any
+    ) -> Any:
         await asyncio.sleep(0)
+        if method == "GET" and query is not None:  # a LIST
+            self.lists += 1
+            name = _named(query)
+            items = [json.loads(json.dumps(self.leases[name]))] if name in self.leases else []
+            return {"metadata": {"resourceVersion": str(self.version)}, "items": items}
         if method == "POST":
             name = body["metadata"]["name"]
             if name in self.leases:
@@ -280,13 +292,34 @@ class LeaseApi:
             return self._store(name, body)
         raise AssertionError(method)
 
+    async def watch_lines(self, _path: str, *, query: dict[str, Any], **_kw: Any) -> AsyncIterator[dict[str, Any]]:
+        """The events of one name from now on (the list just before is current: nothing is missed here)."""
+        self.watches += 1
+        watcher = (_named(query), asyncio.Queue[dict[str, Any]]())
+        self._watchers.append(watcher)
+        try:
+            while True:
+                yield await watcher[1].get()
+        finally:
+            self._watchers.remove(watcher)
+
     def _store(self, name: str, body: dict[str, Any]) -> dict[str, Any]:
         self.version += 1
         stored: dict[str, Any] = json.loads(json.dumps(body))
         stored["metadata"]["resourceVersion"] = str(self.version)
+        event = "MODIFIED" if name in self.leases else "ADDED"
         self.leases[name] = stored
+        for wanted, events in self._watchers:
+            if wanted == name:
+                events.put_nowait({"type": event, "object": json.loads(json.dumps(stored))})
         answer: dict[str, Any] = json.loads(json.dumps(stored))
         return answer
+
+
+def _named(query: dict[str, Any]) -> str:
+    selector = str(query.get("fieldSelector", ""))
+    assert selector.startswith("metadata.name="), query  # (nothing else is listed or watched here)
+    return selector.removeprefix("metadata.name=")
 
 
 class FakeJob:

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -250,7 +250,7 @@ class KubeClient:
         query: Mapping[str, str | int],
         connect_timeout: float = DEFAULT_TIMEOUT_S,
         read_timeout: float,
-    ) -> AsyncIterator[JSON]:
+    ) -> AsyncGenerator[JSON, None]:
         """Stream a watch: yield each decoded event; end when the server closes the stream.
 
         ``read_timeout`` bounds the silence between two lines (bookmarks arrive about once a minute), so a

@@ -26,6 +26,7 @@ Guarantees:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 import time
 from collections.abc import Awaitable, Callable
@@ -269,38 +270,46 @@ class Reflector:
             "allowWatchBookmarks": "true",
             "timeoutSeconds": server_timeout,
         }
-        async for event in self.client.watch_lines(
+        # aclosing: a reflector cancelled (or ended by a bad event) closes its stream at once, not when the
+        # generator is collected
+        stream = self.client.watch_lines(
             self.resource.path(self._namespace), query=query, read_timeout=server_timeout + 60
-        ):
-            self.last_progress = time.monotonic()
-            etype = event.get("type")
-            obj = event.get("object")
-            if not isinstance(obj, dict):
-                continue
-            if etype == "ERROR":
-                code = obj.get("code")
-                log.info("watch error event", resource=self.name, code=code, message=obj.get("message"))
-                raise _Relist()
-            if not isinstance(obj.get("metadata"), dict):
-                # Not the API server's shape: end the run loudly (the supervisor logs, counts and restarts it)
-                # rather than file an object under an empty key.
-                raise MalformedEvent(f"{self.name}: a {etype} event whose object has no metadata mapping")
-            rv = objects.resource_version(obj)
-            if etype == "BOOKMARK":
-                if rv:
-                    self.resource_version = rv
-                continue
-            obj.setdefault("kind", self.resource.kind)
-            obj.setdefault("apiVersion", self.resource.api_version)
-            if etype in ("ADDED", "MODIFIED"):
-                change = self.store.upsert(obj)
-            elif etype == "DELETED":
-                change = self.store.delete(obj)
-            else:
-                continue
+        )
+        async with contextlib.aclosing(stream) as events:
+            async for event in events:
+                self._on_event(event)
+
+    def _on_event(self, event: dict[str, Any]) -> None:
+        """One watch event into the store (see the module contract)."""
+        self.last_progress = time.monotonic()
+        etype = event.get("type")
+        obj = event.get("object")
+        if not isinstance(obj, dict):
+            return
+        if etype == "ERROR":
+            code = obj.get("code")
+            log.info("watch error event", resource=self.name, code=code, message=obj.get("message"))
+            raise _Relist()
+        if not isinstance(obj.get("metadata"), dict):
+            # Not the API server's shape: end the run loudly (the supervisor logs, counts and restarts it)
+            # rather than file an object under an empty key.
+            raise MalformedEvent(f"{self.name}: a {etype} event whose object has no metadata mapping")
+        rv = objects.resource_version(obj)
+        if etype == "BOOKMARK":
             if rv:
                 self.resource_version = rv
-            self._emit(change, "watch")
+            return
+        obj.setdefault("kind", self.resource.kind)
+        obj.setdefault("apiVersion", self.resource.api_version)
+        if etype in ("ADDED", "MODIFIED"):
+            change = self.store.upsert(obj)
+        elif etype == "DELETED":
+            change = self.store.delete(obj)
+        else:
+            return
+        if rv:
+            self.resource_version = rv
+        self._emit(change, "watch")
 
     def _emit(self, change: Change, source: str) -> None:
         try:

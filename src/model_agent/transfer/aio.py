@@ -5,8 +5,9 @@ file work in a shared thread pool and knows which of it is still running, so a f
 only when no thread uses it any more; :func:`settle` waits for a thread's work through any number of
 cancellations; :func:`gather_or_cancel` / :func:`run_all` are ``gather`` that cancels and awaits the
 others on the first failure; :func:`largest_first` is the order sources start files in; :func:`enter_unless`
-enters an async context (a Lease slot) unless what the caller waits for turns up first, and :func:`abandon_entry`
-stops such an entry without leaving a slot won in that instant held.
+enters an async context (a Lease slot) unless what the caller polls for turns up first, :func:`enter_or` unless
+what it awaits completes first, and :func:`abandon_entry` stops such an entry without leaving a slot won in that
+instant held.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from contextlib import AbstractAsyncContextManager
 from typing import Any, Protocol, TypeVar
 
 _T = TypeVar("_T")
+_U = TypeVar("_U")
 
 
 class _HasSize(Protocol):
@@ -129,6 +131,28 @@ async def enter_unless(
     except BaseException:
         await abandon_entry(entering, cm)
         raise
+
+
+async def enter_or(cm: AbstractAsyncContextManager[Any], other: Awaitable[_U]) -> tuple[bool, _U | None]:
+    """Enter ``cm`` unless ``other`` completes first: ``(True, None)`` when entered (the caller must leave it;
+    ``other`` is cancelled), ``(False, its result)`` when it completed. An error of either, or a cancellation,
+    abandons the entry (:func:`abandon_entry`), cancels ``other`` and is raised."""
+    entering = asyncio.ensure_future(cm.__aenter__())
+    waiting = asyncio.ensure_future(other)
+    try:
+        await asyncio.wait([entering, waiting], return_when=asyncio.FIRST_COMPLETED)
+        if entering.done():
+            entering.result()
+            return True, None
+        result = waiting.result()
+        await abandon_entry(entering, cm)
+        return False, result
+    except BaseException:
+        await abandon_entry(entering, cm)
+        raise
+    finally:
+        waiting.cancel()
+        await asyncio.gather(waiting, return_exceptions=True)
 
 
 async def abandon_entry(entering: asyncio.Future[Any], cm: AbstractAsyncContextManager[Any]) -> None:
