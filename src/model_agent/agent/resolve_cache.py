@@ -6,12 +6,13 @@ to a commit and lists the files with their sizes and hashes; it records the answ
 calling the hub, so hub API calls per model revision do not grow with the node count (file downloads
 remain one request per file per node, or a mirror's).
 
-A node waiting for another to resolve watches the record's ConfigMap (a reflector with a field selector, as the
-node's own ConfigMap is watched) and goes on the moment it is written: measured with 16 nodes, polling it every
-half second made the node that fetches for the fleet start 0.25 s later on average, and a poll costs a request per
-waiting node, where a watch costs one for the wait. Should the reflector end (a bug, an answer of an unexpected
-shape), the record is polled every ``poll_s``; should it be refused (RBAC without ``watch``), the node takes the
-lock once the resolving node lets it go and reads the record then.
+A node waiting for another to resolve (its first try found the lock taken) watches the record's ConfigMap (a
+reflector with a field selector, as the node's own ConfigMap is watched) and goes on the moment the record is
+written. It used to poll it every half second: up to 0.5 s late, and two requests a second per waiting node, where
+a watch costs two (a LIST and the WATCH) however long the wait. A node that takes the lock at once opens no watch.
+Should the reflector end (a bug, an answer of an unexpected shape), the record is polled every ``poll_s``; should
+the watch be refused (RBAC without ``watch``; the chart grants it), the node takes the lock once the resolving node
+lets it go, and reads the record then.
 
 A record for a revision that is a full commit sha never expires; one for a branch or tag is trusted for
 ``ttl_s`` (default 10 min), after which the next node resolves again; a stamp more than a TTL ahead of the
@@ -108,8 +109,9 @@ class ResolveCache:
             return result
         # While another node holds the lock, its record is watched for: the nodes that queued behind the resolving
         # one go on as soon as it is written, instead of taking the lock one after another to read it.
-        lock = self._lock.hold("resolve:" + uri)
-        holding, recorded = await enter_or(lock, self._written(uri, revision))
+        busy = asyncio.Event()  # the lock is taken: another node resolves (the lock's first round told)
+        lock = self._lock.hold("resolve:" + uri, busy.set)
+        holding, recorded = await enter_or(lock, self._written(uri, revision, busy))
         if not holding:
             assert recorded is not None
             return recorded
@@ -156,8 +158,10 @@ class ResolveCache:
         self.hits += 1
         return commit, files
 
-    async def _written(self, uri: str, revision: str) -> tuple[str, list[dict[str, Any]]]:
-        """The record of ``uri`` once a usable one is there (see the module contract: watched, else polled)."""
+    async def _written(self, uri: str, revision: str, busy: asyncio.Event) -> tuple[str, list[dict[str, Any]]]:
+        """The record of ``uri`` once a usable one is there (see the module contract: watched, else polled), looked
+        for once ``busy`` is set: a node that takes the lock at once spends no request on a watch."""
+        await busy.wait()
         name = self.name(uri)
         changed = asyncio.Event()
         reflector = Reflector(
