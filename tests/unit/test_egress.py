@@ -257,6 +257,22 @@ def policy() -> Iterator[TenancyPolicy]:
     egress.configure(before)
 
 
+@pytest.mark.parametrize(
+    ("key", "served"),
+    [
+        ("ClusterBaseModel//m", True),
+        ("BaseModel/team-trusted/m", True),
+        ("BaseModel/team-evil/m", False),  # a tenant's copy: a file of it could be a SHA-1 collision made for this
+        ("BaseModel//m", False),
+        ("", False),
+    ],
+)
+def test_small_files_are_served_by_git_blob_id_only_from_copies_a_trusted_owner_fetched(
+    policy: TenancyPolicy, key: str, served: bool
+) -> None:
+    assert egress.serves_by_blob_id(key) is served
+
+
 def _request(uri: str, owner: Owner | None, secret: dict[str, str] | None = None, /, **params: str) -> FetchRequest:
     return FetchRequest(
         storage_uri=uri,

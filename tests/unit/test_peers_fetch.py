@@ -66,7 +66,7 @@ async def peer(
     )
     manifest = Manifest(key="k", uid="u", storage_uri="hf://o/m", dest=str(dest), files=[rec])
     server = PeerServer(
-        BlobIndex(lambda: [manifest], lambda: [dest.parent]),
+        BlobIndex(lambda: [manifest], lambda: [dest.parent], by_blob_id=lambda _m: True),  # (a trusted copy)
         TokenReviewer(FakeApi(), "model-agent-peer", AGENT),  # type: ignore[arg-type]
         host="127.0.0.1",
         port=0,

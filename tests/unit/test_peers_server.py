@@ -58,7 +58,10 @@ async def served(tmp_path: Path) -> AsyncIterator[tuple[PeerServer, list[Manifes
     manifests: list[Manifest] = []
     api = FakeApi()
     server = PeerServer(
-        BlobIndex(lambda: list(manifests), lambda: [tmp_path / "models"], index_s=0.0),
+        # small files by blob id only from copies of this test's trusted key ("k"; the agent's rule: sources.egress)
+        BlobIndex(
+            lambda: list(manifests), lambda: [tmp_path / "models"], index_s=0.0, by_blob_id=lambda m: m.key == "k"
+        ),
         TokenReviewer(api, "model-agent-peer", AGENT),  # type: ignore[arg-type]
         host="127.0.0.1",
         port=0,
@@ -114,6 +117,17 @@ async def test_a_small_file_is_served_by_its_git_blob_id_too(tmp_path: Path, ser
     for algorithm, digest in (("sha256", oid), ("git-sha1", sha256), ("sha1", oid), ("git-sha1", oid.upper())):
         status, body, _ = await _get(server, digest, "good", algorithm=algorithm)
         assert status == 404 and body != content, (algorithm, digest)
+    # a copy the index does not accept for blob ids (a tenant's): by its sha256 only
+    other = b'{"architectures": ["MistralForCausalLM"]}'
+    (tmp_path / "models" / "t").mkdir()
+    (tmp_path / "models" / "t" / "config.json").write_bytes(other)
+    other_sha256 = hashlib.sha256(other).hexdigest()
+    mtime = (tmp_path / "models" / "t" / "config.json").stat().st_mtime_ns
+    record = FileRecord("config.json", len(other), other_sha256, git_sha1(other), mtime)
+    dest = str(tmp_path / "models" / "t")
+    manifests.append(Manifest(key="BaseModel/team-a/t", uid="u2", storage_uri="hf://o/t", dest=dest, files=[record]))
+    assert (await _get(server, git_sha1(other), "good", algorithm="git-sha1"))[0] == 404
+    assert (await _get(server, other_sha256, "good"))[:2] == (200, other)
 
 
 async def test_refuses_missing_and_wrong_tokens_and_caches_reviews(tmp_path: Path, served: Any) -> None:

@@ -187,6 +187,7 @@ class Wiring:
                 models=lambda: {kind: list(r.store.values()) for kind, r in self.models.items()},
                 metrics=self.metrics,
                 ranged=ranged,
+                by_blob_id=lambda manifest: egress.serves_by_blob_id(manifest.key),
             )
             if peer_config.enabled
             else None

@@ -14,9 +14,10 @@ Guarantees:
 1. **Verified against the origin, never the peer.** A file is asked from a peer only when the origin's own
    listing gave its digest (an LFS file's sha256, a small file's git blob sha1), and the engine checks the bytes
    against that digest; a peer's word is never used. (A git blob id is a SHA-1: to pass, a peer would need a
-   second preimage of a digest it did not choose, which no known attack on SHA-1 gives.) A mismatch deletes the
-   file (the engine's guarantee), bans that peer for a while (:mod:`.bans`, counted) and the next peer or the
-   origin is tried: a lying peer costs bandwidth, never correctness.
+   second preimage of a digest it did not choose, which no known attack on SHA-1 gives; and files are served by
+   blob id only from copies a trusted owner fetched, so a tenant cannot plant a collision: :mod:`.server`.) A
+   mismatch deletes the file (the engine's guarantee), bans that peer for a while (:mod:`.bans`, counted) and the
+   next peer or the origin is tried: a lying peer costs bandwidth, never correctness.
 2. **Fallback is the origin as before.** No peer, every peer banned or failing, or the service off: the
    file comes from the origin exactly as without peers.
 3. **Only peers of this cluster's agent.** Both directions authenticate: a fetch presents a projected

@@ -8,7 +8,8 @@ gives only their git blob id), with a single ``Range`` (``bytes=a-b``, ``a-``, `
 Contract:
 
 * **What is served.** Only files recorded in this node's manifests (published models; a model whose
-  removal was decided is left out), looked up by a digest the manifest records, and only while the file's
+  removal was decided is left out), looked up by a digest the manifest records (a git blob id only of the copies
+  ``by_blob_id`` accepts: those a trusted owner fetched, since SHA-1 collisions can be made), and only while the file's
   size and mtime still match the record (a file changed on disk is 404). The index is rebuilt from the
   manifests at most every ``index_s``; a digest not found forces one rebuild (at most once a second).
 * **Files being fetched** (:mod:`.relay`, when given ``relays``): a digest no manifest records is looked up in
@@ -92,9 +93,11 @@ class BlobIndex:
         roots: Callable[[], list[Path]],
         *,
         index_s: float = 5.0,
+        by_blob_id: Callable[[Manifest], bool] = lambda _manifest: False,
     ) -> None:
         self._manifests = manifests
         self._roots = roots
+        self._by_blob_id = by_blob_id
         self.index_s = index_s
         self._blobs: dict[str, Blob] = {}
         self._at = -1e9
@@ -106,8 +109,9 @@ class BlobIndex:
             if manifest.removing:
                 continue
             dest = Path(manifest.dest)
+            by_blob_id = self._by_blob_id(manifest)
             for f in manifest.files:
-                for digest in (f.sha256, f.git_sha1):
+                for digest in (f.sha256, f.git_sha1 if by_blob_id else None):
                     if digest and blob_algorithm(digest):
                         blobs[digest] = Blob(dest / f.path, f.size, f.mtime_ns)
         return blobs

@@ -48,6 +48,7 @@ class PeerService:
         models: Callable[[], Mapping[str, Iterable[dict[str, Any]]]],
         metrics: Metrics,
         ranged: RangedConfig | None = None,
+        by_blob_id: Callable[[Manifest], bool] = lambda _manifest: False,
     ) -> None:
         self.config = config
         self.metrics = metrics
@@ -69,7 +70,7 @@ class PeerService:
             relay_part_size=config.relay_part_size,
         )
         self.server = PeerServer(
-            BlobIndex(manifests, roots),
+            BlobIndex(manifests, roots, by_blob_id=by_blob_id),  # (which copies' small files: the agent's rule)
             self.reviewer,
             host=config.bind_address,
             port=config.port,

@@ -154,6 +154,15 @@ def is_trusted(owner: Owner | None, policy: TenancyPolicy) -> bool:
     return owner.namespace in policy.trusted_namespaces
 
 
+def serves_by_blob_id(manifest_key: str) -> bool:
+    """Whether the peer server may serve the small files of the copy published under ``manifest_key``
+    (``Kind/namespace/name``) by their git blob id: only a copy a trusted owner fetched. A blob id is a SHA-1, whose
+    collisions can be made: a tenant could fetch a file made to collide with one a trusted model lists, and have it
+    served in its place. A sha256 is served from any copy (docs/security.md#7-peer-distribution-model_agentpeers)."""
+    kind, _, rest = manifest_key.partition("/")
+    return kind in (CLUSTER_KIND, NAMESPACED_KIND) and is_trusted(Owner(kind, rest.partition("/")[0]), current())
+
+
 def takes_from_peers(storage_uri: str, owner: Owner | None) -> bool:
     """Whether a fetch of ``storage_uri`` for ``owner`` may take bytes from peers: a source that asks peers
     (``hf://``) and an owner trusted with the platform's credentials, since peers hold what those fetched
