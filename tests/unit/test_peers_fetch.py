@@ -17,7 +17,7 @@ from aiohttp import web
 from model_agent.local.manifest import FileRecord, Manifest
 from model_agent.peers.auth import TokenReviewer
 from model_agent.peers.bans import Bans
-from model_agent.peers.fetch import PeerFetcher
+from model_agent.peers.fetch import PARTS_AT_ONCE, PeerFetcher
 from model_agent.peers.relay import Relay, Relays, order_candidates
 from model_agent.peers.seeding import ORIGIN_GATE, Hold, OriginGate, peer_aware_slots
 from model_agent.peers.server import BlobIndex, PeerServer
@@ -634,3 +634,79 @@ async def test_a_busy_holder_keeps_the_fetch_off_the_origin_even_with_the_slot_f
             finally:
                 ORIGIN_GATE.reset(token)
     assert got is not None and slots.entered == 0
+
+
+# ---------------------------------------------------------------- held probes (X-Peer-Wait)
+
+
+def _patient_fetcher(directory: FakeDirectory) -> tuple[PeerFetcher, Relays]:
+    """A relaying fetcher whose rounds are an hour apart: only a held probe can end its pause in time."""
+    relays = Relays()
+    fetcher = PeerFetcher(
+        directory,  # type: ignore[arg-type]
+        Bans(60),
+        lambda: "good",
+        ranged=RangedConfig(part_size=PART, durable=False, backoff_base_s=0.01),
+        relays=relays,
+        me=lambda: ME,
+        retry_s=3600.0,
+        feed_wait_s=30.0,
+    )
+    return fetcher, relays
+
+
+async def test_a_node_follows_its_upstream_the_moment_the_upstream_is_fed(tmp_path: Path) -> None:
+    content = os.urandom(2 * PART + 5)
+    digest = hashlib.sha256(content).hexdigest()
+    async with relay_peer(tmp_path) as (address, _server, up_relays, up_staging):
+        path, state_path = up_staging / "w.bin", up_staging / "w.bin.json"
+        path.write_bytes(content)
+        _record(state_path, len(content), 3, complete=True)
+        with up_relays.scope() as scope:
+            upstream = scope.start(digest, len(content), path, state_path)  # fetching it too, no source yet
+            fetcher, relays = _patient_fetcher(FakeDirectory([], fetching=[address]))
+            fetch = asyncio.ensure_future(_relayed_fetch(fetcher, relays, tmp_path / "staging", content, _no_bytes))
+            await until(lambda: upstream._changed is not None, what="this node's probe held at its upstream")
+            up_relays.fed_by(upstream, ("10.0.0.1:1",))
+            async with asyncio.timeout(30):  # (the next round would be an hour away)
+                got, relay = await fetch
+    assert got is not None and got.digests["sha256"] == digest
+    assert relay.upstream == (address, "10.0.0.1:1")
+
+
+async def test_a_slot_won_while_a_probe_is_held_goes_to_the_origin_without_waiting_for_the_probe(
+    tmp_path: Path,
+) -> None:
+    content = os.urandom(PART)
+    digest = hashlib.sha256(content).hexdigest()
+    answers: list[tuple[str, int]] = []
+    async with relay_peer(tmp_path) as (address, server, up_relays, up_staging):
+        server.on_answer = lambda method, status: answers.append((method, status))
+        with up_relays.scope() as scope:
+            upstream = scope.start(digest, len(content), up_staging / "w.bin", up_staging / "w.bin.json")
+            slots = FakeSlots()
+            gate = OriginGate(slots.hold, "hf://o/m", lambda: None, None)  # type: ignore[arg-type]
+            fetcher, relays = _patient_fetcher(FakeDirectory([], fetching=[address]))
+            token = ORIGIN_GATE.set(gate)
+            try:
+                fetch = asyncio.ensure_future(_relayed(fetcher, relays, tmp_path / "staging", content, _no_bytes))
+                await until(lambda: upstream._changed is not None, what="this node's probe held at its upstream")
+                slots.free.set()
+                async with asyncio.timeout(30):
+                    got, _ = await fetch
+            finally:
+                ORIGIN_GATE.reset(token)
+            # The held probe is still held (the upstream answers it when its wait ends): the fetch did not wait.
+            assert answers == [("HEAD", 404)]
+    assert got is None and gate.holding
+
+
+def _no_bytes(_n: int) -> None:
+    pass
+
+
+@pytest.mark.parametrize(("files", "slots"), [(1, 8), (4, 8), (8, 16), (16, 32)])
+async def test_a_peer_session_has_a_slot_for_every_part_request_its_files_may_have(files: int, slots: int) -> None:
+    fetcher = PeerFetcher(FakeDirectory([]), Bans(60), lambda: "good", ranged=RangedConfig(concurrency=8))  # type: ignore[arg-type]
+    async with fetcher.session(files) as engine:
+        assert engine.config.concurrency == slots == max(8, files * PARTS_AT_ONCE)

@@ -276,3 +276,30 @@ async def test_a_waiting_answer_is_woken_by_a_write_and_a_failure_forgets_what_w
         async with asyncio.timeout(5):
             await waiter  # the failure wakes it: the answer ends
         assert relay.written.end_from(0) == 0 and relays.find(relay.digest) is None
+
+
+async def test_a_probe_waits_for_a_file_being_fetched_here_to_be_fed_and_not_for_one_that_is_not(
+    tmp_path: Path,
+) -> None:
+    relays = Relays()
+    async with asyncio.timeout(5):
+        assert await relays.until_fed("f" * 64, timeout=30) is None  # not fetched here: nothing to wait for
+    with relays.scope() as scope:
+        relay = scope.start("f" * 64, 10, tmp_path / "f", tmp_path / "f.json")
+        async with asyncio.timeout(5):
+            assert await relays.until_fed("f" * 64, timeout=0.05) is None  # never fed within the wait
+        waiter = asyncio.ensure_future(relays.until_fed("f" * 64, timeout=30))
+        await eventually(lambda: _has_waiter(relay), what="the probe waiting for the file's source")
+        relays.fed_by(relay, ("10.0.0.2:1",))
+        async with asyncio.timeout(5):
+            assert await waiter is relay  # answered when fed, long before its timeout
+        other = scope.start("a" * 64, 10, tmp_path / "a", tmp_path / "a.json")
+        waiter = asyncio.ensure_future(relays.until_fed("a" * 64, timeout=30))
+        await eventually(lambda: _has_waiter(other), what="the probe waiting for the other file")
+        relays.failed(other)  # its fetch gave it up: the probe ends at once, with nothing
+        async with asyncio.timeout(5):
+            assert await waiter is None
+
+
+async def _has_waiter(relay: Relay) -> bool:
+    return relay._changed is not None

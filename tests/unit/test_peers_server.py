@@ -18,9 +18,18 @@ import pytest
 
 from model_agent.local.manifest import FileRecord, Manifest
 from model_agent.peers.auth import TokenReviewer
-from model_agent.peers.relay import FROM_HEADER, PATH_HEADER, Relays
-from model_agent.peers.server import SO_MAX_PACING_RATE, BlobIndex, PeerServer, UploadPacer, parse_range
+from model_agent.peers.relay import FROM_HEADER, PATH_HEADER, WAIT_HEADER, Relay, Relays
+from model_agent.peers.server import (
+    MAX_FEED_WAIT_S,
+    SO_MAX_PACING_RATE,
+    BlobIndex,
+    PeerServer,
+    UploadPacer,
+    feed_wait,
+    parse_range,
+)
 from model_agent.transfer.partmap import PartMap
+from tests.support.waiting import eventually
 from tests.unit.test_hf_source import git_sha1
 
 AGENT = "system:serviceaccount:ns:model-agent"
@@ -383,6 +392,67 @@ async def test_one_downstream_node_per_file(relaying: Any) -> None:
             async with s.get(_url(server, digest), headers={**headers, FROM_HEADER: "a:1"}) as r:
                 assert r.status == 200 and await r.read() == content
     assert server.downstreams.holders(digest) == ["a:1"] and server.downstreams.refused == 1
+
+
+async def test_a_probe_asking_to_wait_is_held_until_the_file_has_a_source(relaying: Any) -> None:
+    server, relays, staging = relaying
+    content = os.urandom(2 * PART)
+    digest, path, state_path = _being_fetched(staging, content, [0, 1])
+    headers = {"Authorization": "Bearer good", FROM_HEADER: "a:1"}
+    with relays.scope() as scope:
+        relay = scope.start(digest, len(content), path, state_path)  # being fetched here, no source yet
+        async with aiohttp.ClientSession() as s:
+            async with s.head(_url(server, digest), headers=headers) as r:
+                assert r.status == 404  # no wait asked: answered at once
+            assert server.downstreams.holders(digest) == []
+
+            async def probe() -> tuple[int, str]:
+                async with s.head(_url(server, digest), headers={**headers, WAIT_HEADER: "30"}) as r:
+                    return r.status, r.headers.get(PATH_HEADER, "")
+
+            held = asyncio.ensure_future(probe())
+            await eventually(lambda: _has_waiter(relay), what="the probe held by the server")
+            assert not held.done()
+            relays.fed_by(relay, ("10.0.0.9:1",))
+            async with asyncio.timeout(5):  # (the server holds a probe MAX_FEED_WAIT_S at most: the feed answered it)
+                assert await held == (200, "10.0.0.9:1")
+    assert server.downstreams.holders(digest) == ["a:1"]
+
+
+async def test_a_held_probe_ends_with_404_at_most_after_the_servers_cap(relaying: Any) -> None:
+    server, relays, staging = relaying
+    content = os.urandom(PART)
+    digest, path, state_path = _being_fetched(staging, content, [0])
+    headers = {"Authorization": "Bearer good", WAIT_HEADER: "3600"}
+    with relays.scope() as scope:
+        scope.start(digest, len(content), path, state_path)  # never fed
+        async with aiohttp.ClientSession() as s:
+            async with asyncio.timeout(MAX_FEED_WAIT_S + 5), s.head(_url(server, digest), headers=headers) as r:
+                assert r.status == 404
+            async with s.head(_url(server, "f" * 64), headers=headers) as r:
+                assert r.status == 404  # not fetched here: nothing to wait for
+
+
+async def _has_waiter(relay: Relay) -> bool:
+    return relay._changed is not None
+
+
+@pytest.mark.parametrize(
+    ("header", "wait"),
+    [
+        (None, 0.0),
+        ("", 0.0),
+        ("0.5", 0.5),
+        ("1", 1.0),
+        ("-1", 0.0),
+        ("nan", 0.0),
+        ("inf", MAX_FEED_WAIT_S),
+        ("3600", MAX_FEED_WAIT_S),
+        ("soon", 0.0),
+    ],
+)
+def test_feed_wait(header: str | None, wait: float) -> None:
+    assert feed_wait(header) == wait
 
 
 async def test_a_file_being_fetched_outside_the_roots_is_not_served(tmp_path: Path, relaying: Any) -> None:

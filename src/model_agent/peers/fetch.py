@@ -51,6 +51,7 @@ from model_agent.peers.directory import PeerDirectory
 from model_agent.peers.relay import (
     FROM_HEADER,
     PATH_HEADER,
+    WAIT_HEADER,
     Relay,
     Relays,
     blob_checks,
@@ -58,7 +59,7 @@ from model_agent.peers.relay import (
     chain_of,
     order_candidates,
 )
-from model_agent.peers.seeding import ORIGIN_GATE
+from model_agent.peers.seeding import ORIGIN_GATE, OriginGate
 from model_agent.transfer import Downloaded, Expected, RangedConfig, engine_session
 
 if TYPE_CHECKING:
@@ -68,8 +69,12 @@ if TYPE_CHECKING:
 log = structlog.get_logger(__name__)
 
 
-PROBE_TIMEOUT_S = 3.0
+PROBE_TIMEOUT_S = 3.0  # beyond the time a probe asked to be held (X-Peer-Wait)
 RETRY_S = 0.25  # between rounds of candidates while waiting for the origin slot
+# Between rounds that found no holder, the nearest node fetching the file is asked to hold the probe until it has a
+# source (X-Peer-Wait), for at most this long: the next node of a chain follows the moment its upstream is fed, and
+# a fleet waiting for its seed probes a few times a second instead of twenty (measured: docs/performance.md 14).
+FEED_WAIT_S = 1.0
 PROBES_PER_ROUND = 5  # candidates probed per round: the nearest ones, plus a rotating few of the others
 NEAREST = 3
 BUSY = 429  # a holder's answer when it has the file and serves its downstreams already
@@ -111,6 +116,7 @@ class PeerFetcher:
         relay_part_size: int = 0,
         retry_s: float = RETRY_S,
         busy_s: float = BUSY_S,
+        feed_wait_s: float = FEED_WAIT_S,
     ) -> None:
         self.directory = directory
         self.bans = bans
@@ -122,13 +128,19 @@ class PeerFetcher:
         self.me = me
         self.retry_s = retry_s
         self.busy_s = busy_s
+        self.feed_wait_s = feed_wait_s
         self._turn = itertools.count(random.randrange(1 << 16))  # nodes start at different peers
         self._probes: aiohttp.ClientSession | None = None
 
     @contextlib.asynccontextmanager
-    async def session(self) -> AsyncIterator[RangedDownloader]:
-        """An engine session tuned for peers, for the files of one fetch."""
-        async with engine_session(self.ranged) as engine:
+    async def session(self, files_at_once: int = 1) -> AsyncIterator[RangedDownloader]:
+        """An engine session tuned for peers, for the files of one fetch, ``files_at_once`` of them at a time: with
+        a slot for each part request every one of them may have in flight (:data:`PARTS_AT_ONCE`). Fewer, and the
+        largest files' requests, waiting at a holder for its next bytes, hold every slot while the small files
+        wait for one; their holders' places lapse meanwhile (measured: config files taken from peers 8-11 s after
+        the fetch began, with a slot for each: docs/performance.md 14)."""
+        slots = max(self.ranged.concurrency, files_at_once * PARTS_AT_ONCE)
+        async with engine_session(dataclasses.replace(self.ranged, concurrency=slots)) as engine:
             try:
                 yield engine
             finally:
@@ -148,25 +160,37 @@ class PeerFetcher:
         """Non-banned holders of ``uri`` to probe this round (see :func:`~model_agent.peers.relay.order_candidates`):
         Ready ones rotated by ``turn`` (the next file's turn when None); ``relaying``: nodes still fetching it too,
         at most :data:`PROBES_PER_ROUND` of them (the nearest, plus others in turn by ``round_``)."""
+        return (await self._round(uri, turn, relaying=relaying, round_=round_))[0]
+
+    async def _round(self, uri: str, turn: int | None, *, relaying: bool, round_: int) -> tuple[list[str], str | None]:
+        """:meth:`candidates`, and the first of them that is fetching the source rather than Ready for it: the node
+        this one follows in the chain."""
         if turn is None:
             turn = next(self._turn)
         ready = await self.directory.holders(uri)
         fetching = await self.directory.relaying(uri) if relaying else []
         order = [a for a in order_candidates(ready, fetching, self.me(), turn) if not self.bans.banned(a)]
+        nearest = next((a for a in order if a not in ready), None)
         if len(order) <= PROBES_PER_ROUND or not relaying:
-            return order
+            return order, nearest
         rest = order[NEAREST:]
         at = (round_ * (PROBES_PER_ROUND - NEAREST)) % len(rest)
-        return order[:NEAREST] + (rest[at:] + rest[:at])[: PROBES_PER_ROUND - NEAREST]
+        return order[:NEAREST] + (rest[at:] + rest[:at])[: PROBES_PER_ROUND - NEAREST], nearest
 
-    async def probe(self, address: str, digest: str, token: str) -> tuple[str, ...] | int:
+    async def probe(self, address: str, digest: str, token: str, *, wait: float = 0.0) -> tuple[str, ...] | int:
         """The chain ``address`` gets ``digest`` through, when it can serve this node now; else the HTTP status
-        (429: it has the file and serves another node; 0: no answer)."""
+        (429: it has the file and serves another node; 0: no answer). ``wait``: ask ``address`` to hold the answer
+        that long for the file, if it is fetching it, to get a source."""
         if self._probes is None:
-            self._probes = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=PROBE_TIMEOUT_S))
+            self._probes = aiohttp.ClientSession()
         headers = {"Authorization": f"Bearer {token}", FROM_HEADER: self.me()}
+        if wait > 0:
+            headers[WAIT_HEADER] = f"{wait:g}"
+        timeout = aiohttp.ClientTimeout(total=PROBE_TIMEOUT_S + wait)
         try:
-            async with self._probes.head(f"http://{address}{blob_path(digest)}", headers=headers) as resp:
+            async with self._probes.head(
+                f"http://{address}{blob_path(digest)}", headers=headers, timeout=timeout
+            ) as resp:
                 if resp.status not in (200, 206):
                     return resp.status
                 return chain_of(resp.headers.get(PATH_HEADER))
@@ -201,7 +225,7 @@ class PeerFetcher:
             holding = gate is None or gate.won()  # the origin is open to this fetch
             # Holding the slot, only Ready copies are worth asking (as a fetch that queued for its slot does): a
             # node still fetching has at most what this one would fetch from the origin anyway.
-            candidates = await self.candidates(uri, turn, relaying=not holding, round_=round_)
+            candidates, nearest = await self._round(uri, turn, relaying=not holding, round_=round_)
             busy = False
             for address in candidates:
                 got = await self._attempt(engine, address, file)
@@ -223,7 +247,7 @@ class PeerFetcher:
                 # fetching it with a free place) in a round or two. The origin is not asked meanwhile, even with
                 # the slot: it would fetch what the fleet already has.
                 await gate.abandon()
-                await asyncio.sleep(self.retry_s)
+                await self._pause(None, nearest, file.digest)
                 continue
             if holding:
                 break
@@ -234,7 +258,7 @@ class PeerFetcher:
                     asked=len(candidates),
                     after_s=round(time.monotonic() - started, 2),
                 )
-            if await gate.wait(self.retry_s):  # the origin slot, or another round of peers in retry_s
+            if await self._pause(gate, nearest, file.digest):  # the slot, or the next round
                 log.info(
                     "origin slot taken: peers could not give the file",
                     file=label,
@@ -244,6 +268,38 @@ class PeerFetcher:
                 break  # (this round's peers were just asked: not once more before the origin)
         file.discard()
         return None
+
+    async def _pause(self, gate: OriginGate | None, nearest: str | None, digest: str) -> bool:
+        """The pause before the next round: wait for the origin slot (``gate``; None: not now, holders are busy
+        serving the file), and meanwhile ask ``nearest`` to hold a probe until it has a source for ``digest``;
+        whether the slot is this fetch's now. The pause ends when the slot is won, when ``nearest`` can serve the
+        file (the next round asks it first), or after ``retry_s`` otherwise (at most ``feed_wait_s`` while
+        ``nearest`` holds the probe)."""
+
+        async def slot_wait(timeout: float) -> bool:
+            if gate is not None:
+                return await gate.wait(timeout)
+            await asyncio.sleep(timeout)
+            return False
+
+        token = self.token()
+        if nearest is None or self.feed_wait_s <= 0 or not token:
+            return await slot_wait(self.retry_s)
+        started = time.monotonic()
+        slot = asyncio.ensure_future(slot_wait(self.feed_wait_s))
+        fed = asyncio.ensure_future(self.probe(nearest, digest, token, wait=self.feed_wait_s))
+        try:
+            await asyncio.wait({slot, fed}, return_when=asyncio.FIRST_COMPLETED)
+            if not slot.done() and not isinstance(fed.result(), tuple):
+                # answered without waiting (it is not fetching the file, or serves another node): pace as before
+                await asyncio.wait({slot}, timeout=max(0.0, self.retry_s - (time.monotonic() - started)))
+            if slot.done():
+                return slot.result()
+            return gate is not None and gate.won()  # (won meanwhile, or the next round at once)
+        finally:
+            slot.cancel()  # (an acquisition under way goes on: gate.wait only stops waiting for it)
+            fed.cancel()
+            await asyncio.gather(slot, fed, return_exceptions=True)
 
     async def _attempt(self, engine: RangedDownloader, address: str, file: _File) -> Downloaded | int | None:
         """One holder: probe, then download (resuming what earlier holders gave); :data:`BUSY` when it has the

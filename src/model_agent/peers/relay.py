@@ -22,6 +22,8 @@ every node waiting for the seed's copy and sharing its upload. Three pieces, no 
   present, so every range is forgotten when its file may have been replaced (a new attempt, a failed one).
   Answers waiting for bytes are woken by each write (:meth:`Relay.changed`) and look at the map on disk at
   least every poll interval.
+* A probe may wait for a file this node is fetching but has no source for yet (:meth:`Relays.until_fed`): the
+  node asking is usually the next in the chain, and hears the moment this node is fed instead of asking again.
 * :class:`Downstreams`: at most ``cap`` downstream nodes per file at once (429 beyond), a node's claim kept
   for ``grace_s`` after its last request so its next part request finds its place still free.
 
@@ -49,6 +51,7 @@ from model_agent.transfer.partmap import PartMap
 LINGER_S = 10.0  # a verified file stays servable this long after its fetch ended (until the published copy is)
 PATH_HEADER = "X-Peer-Path"  # the chain above the holder, comma separated ("" for the origin or a Ready copy)
 FROM_HEADER = "X-Peer-From"  # the downstream's advertised address (its identity for the per-file cap)
+WAIT_HEADER = "X-Peer-Wait"  # seconds a probe may be held for a file the holder fetches to get a source
 # What peers serve and ask a file by: the digest the origin's listing gave, whose length names its algorithm. An LFS
 # file's sha256 (64 hex); else a git blob's sha1 (40 hex): a hub lists no sha256 for its small files.
 BLOB_ALGORITHMS = {64: "sha256", 40: "git-sha1"}
@@ -220,6 +223,23 @@ class Relays:
             relay.forget()  # (an attempt failed: a file that failed verification is gone already)
         relay.upstream = upstream
         self._add(relay)
+        if upstream is not None:
+            relay.notify()  # (a probe waiting in :meth:`until_fed` answers now)
+
+    async def until_fed(self, digest: str, timeout: float) -> Relay | None:
+        """The servable entry of ``digest``, waiting at most ``timeout`` s for one this node is fetching to get a
+        source; None at once when this node is not fetching ``digest`` (nothing to wait for), or when the wait ends
+        without one."""
+        deadline = time.monotonic() + timeout
+        while True:
+            found = self.find(digest)
+            if found is not None:
+                return found
+            pending = self._by_digest.get(digest)
+            left = deadline - time.monotonic()
+            if pending is None or pending.failed or left <= 0:
+                return None
+            await pending.changed(left)
 
     def failed(self, relay: Relay) -> None:
         """``relay``'s file is being deleted (it failed verification, or was given up): never served again."""

@@ -21,7 +21,9 @@ Contract:
   on), or as soon as the entry failed (its file is being deleted), the
   connection is closed short and the client resumes from what it got. Answers carry ``X-Peer-Path``: the chain
   of holders above this one for that file ("" for a Ready copy or the origin), which a prober uses to avoid
-  cycles.
+  cycles. A ``HEAD`` with ``X-Peer-Wait: <s>`` for a file this node is fetching but has no source for yet is held
+  until it has one (then answered as any probe) or for at most that long (capped at ``MAX_FEED_WAIT_S``; then
+  404): the node behind it in the chain hears at once that it may follow, instead of probing again and again.
 * **Confined.** The file is opened with ``O_NOFOLLOW`` after its real path is checked to be inside one of
   the models roots; the checked descriptor is the one read, so a symlink swapped in meanwhile is refused.
 * **Who.** Every request is authenticated first (:mod:`.auth`): no token 401, refused token 403, review
@@ -55,6 +57,7 @@ from model_agent.peers.auth import TokenReviewer
 from model_agent.peers.relay import (
     FROM_HEADER,
     PATH_HEADER,
+    WAIT_HEADER,
     Downstreams,
     DurableView,
     Relay,
@@ -70,6 +73,7 @@ RELAY_POLL_S = 0.05  # how often an answer waiting for bytes looks at the part m
 RELAY_BATCH = 64 * 1024  # a relayed file's bytes are sent in pieces of at least this much ...
 RELAY_BATCH_S = 0.05  # ... or whatever is there after this long (at most the hop's added latency)
 RELAY_WAIT_S = 5.0  # no new byte in the file for this long: the answer ends short (the client resumes)
+MAX_FEED_WAIT_S = 2.0  # the longest a probe (X-Peer-Wait) is held for a file this node is fetching to get a source
 SO_MAX_PACING_RATE = getattr(socket, "SO_MAX_PACING_RATE", 47)  # Linux >= 3.13; the constant is missing in 3.11
 _PACING_MAX = 2**32 - 1  # the option is a u32 when set as an int
 _RANGE = re.compile(r"^bytes=(\d*)-(\d*)$")
@@ -201,6 +205,16 @@ class UploadPacer:
                 await asyncio.sleep((min(n, self.rate) - self._tokens) / self.rate)
 
 
+def feed_wait(header: str | None) -> float:
+    """How long a probe asked to be held for a file being fetched here to get a source (``X-Peer-Wait``, seconds),
+    within ``[0, MAX_FEED_WAIT_S]``; 0 for anything else."""
+    try:
+        wait = float(header or 0)
+    except ValueError:
+        return 0.0
+    return min(wait, MAX_FEED_WAIT_S) if wait > 0 else 0.0  # (NaN compares False: 0)
+
+
 def parse_range(header: str | None, size: int) -> tuple[int, int] | str | None:
     """``(start, end_exclusive)`` of a ``Range`` header; None for the whole file; "unsatisfiable" for 416."""
     if not header:
@@ -294,6 +308,12 @@ class PeerServer:
             return web.Response(status=404, text="not a sha256 or git-sha1 digest\n")
         blob = await self.index.find(digest)
         relay = self.relays.find(digest) if blob is None and self.relays is not None else None
+        if blob is None and relay is None and self.relays is not None and req.method == "HEAD":
+            wait = feed_wait(req.headers.get(WAIT_HEADER))
+            if wait:
+                relay = await self.relays.until_fed(digest, wait)
+                if req.transport is None or req.transport.is_closing():
+                    return web.Response(status=404, text="gone\n")  # (the prober stopped waiting: no place taken)
         chain: tuple[str, ...] = ()
         if blob is not None:
             fd = await asyncio.to_thread(self.index.open, blob)
@@ -335,7 +355,10 @@ class PeerServer:
         resp.headers[PATH_HEADER] = ",".join(chain)
         if isinstance(wanted, tuple):
             resp.headers["Content-Range"] = f"bytes {start}-{end - 1}/{size}"
-        await resp.prepare(req)
+        try:
+            await resp.prepare(req)
+        except ConnectionError:
+            return resp  # the client went away: nothing more to send (aiohttp notes it and closes the connection)
         if req.method == "HEAD":
             return resp
         self.pacer.answers += 1

@@ -389,7 +389,7 @@ class HuggingFaceSource:
         if self.peers is None:
             yield None
             return
-        async with self.peers.session() as engine:
+        async with self.peers.session(MAX_PARALLEL_FILES) as engine:
             yield engine
 
     async def _from_origin(
