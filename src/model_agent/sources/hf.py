@@ -276,8 +276,7 @@ class HuggingFaceSource:
         in one GET each against their git blob sha1; resumable part maps, eight files at a time, largest first."""
         if not files:
             return []
-        from huggingface_hub import constants as hf_constants
-        from huggingface_hub import hf_hub_url
+        from huggingface_hub import constants as hf_constants  # (light: the download helpers are imported below)
 
         token = request.token
         endpoint = self.endpoint or hf_constants.ENDPOINT
@@ -313,7 +312,6 @@ class HuggingFaceSource:
                     request.on_progress(progress)
 
                 async def one(remote: RemoteFile) -> FileRecord:
-                    url = hf_hub_url(repo, remote.path, revision=commit, endpoint=endpoint)
                     # the strongest hash the hub lists: an LFS file's sha256, else a git blob's sha1
                     if remote.sha256:
                         checks = {"sha256": remote.sha256}
@@ -350,6 +348,7 @@ class HuggingFaceSource:
                             if got is None:
                                 # A small file is asked from its resolve URL directly (one GET, no metadata HEAD):
                                 # a hub serves git blobs itself. A redirect is looked up and followed by _from_origin.
+                                url = _resolve_url(repo, remote.path, commit, endpoint)
                                 where: Any = url if not remote.sha256 else _Location(self, url, token)
                                 origin_args = (where, token, staged, Expected(remote.size, checks))
                                 origin_kw: dict[str, Any] = {
@@ -405,6 +404,15 @@ class HuggingFaceSource:
             got = await engine.download(_Location(self, where, token), *args, **kwargs)
         self.on_origin_bytes(got.fetched_bytes)
         return got
+
+
+def _resolve_url(repo: str, path: str, commit: str, endpoint: str) -> str:
+    """The hub's resolve URL of one file, asked only when the file goes to the origin: huggingface_hub's download
+    helpers are about a hundred modules (0.05-0.3 CPU-s to import), which a node whose files all come from peers
+    never needs; a fleet's nodes would otherwise all import them in the same second a model appears."""
+    from huggingface_hub import hf_hub_url
+
+    return hf_hub_url(repo, path, revision=commit, endpoint=endpoint)
 
 
 def _refuse_unsafe_paths(repo: str, files: list[RemoteFile]) -> None:
