@@ -580,17 +580,46 @@ async def test_changed_object_is_refused(tmp_path: Path) -> None:
     assert err.value.reason == "SourceChanged"
 
 
-async def test_server_ignoring_range_falls_back_to_one_stream(tmp_path: Path) -> None:
+@pytest.mark.parametrize("slots", [1, FAST.concurrency])
+async def test_server_ignoring_range_is_read_as_one_stream_from_the_first_parts_answer(
+    tmp_path: Path, slots: int
+) -> None:
+    """The whole body a server sends for the first part's ranged request is read on to the end of the file, not
+    dropped and asked for again: one request per file, plus those already sent for other parts (dropped)."""
     data = os.urandom(1 * MiB + 3)
     origin = await origin_for(data)
     origin.ignore_range = True
     try:
-        got = await engine(FAST).download(origin.url, tmp_path / "f", Expected(len(data), digests(data)))
+        got = await engine(replace(FAST, concurrency=slots)).download(
+            origin.url, tmp_path / "f", Expected(len(data), digests(data)), state_path=tmp_path / "f.parts"
+        )
     finally:
         await origin.stop()
     assert (tmp_path / "f").read_bytes() == data
     assert got.digests == digests(data)
-    assert origin.ranges[-1] is None  # the last request was a plain GET
+    assert None not in origin.ranges  # no second, plain GET
+    assert origin.ranges[0] == f"bytes=0-{FAST.part_size - 1}" and len(origin.ranges) == got.requests <= slots
+    assert PartMap.read(tmp_path / "f.parts").complete
+
+
+async def test_server_ignoring_range_for_a_resumed_file_is_read_as_one_stream_from_0(tmp_path: Path) -> None:
+    """A resumed file whose first part is done asks for a later part: a whole answer to that cannot be read on
+    (it starts at 0), so the file is read again as one plain stream."""
+    data = os.urandom(1 * MiB + 3)
+    state = PartMap.fresh(len(data), FAST.part_size, None)
+    state.mark(0)
+    (tmp_path / "f").write_bytes(data[: FAST.part_size] + bytes(len(data) - FAST.part_size))
+    state.save(tmp_path / "f.parts")
+    origin = await origin_for(data)
+    origin.ignore_range = True
+    try:
+        got = await engine(replace(FAST, concurrency=1)).download(
+            origin.url, tmp_path / "f", Expected(len(data), digests(data)), state_path=tmp_path / "f.parts"
+        )
+    finally:
+        await origin.stop()
+    assert (tmp_path / "f").read_bytes() == data and got.digests == digests(data)
+    assert origin.ranges == [f"bytes={FAST.part_size}-{2 * FAST.part_size - 1}", None]
 
 
 async def test_parts_at_once_caps_one_files_requests_in_flight(tmp_path: Path) -> None:

@@ -44,7 +44,8 @@ Guarantees (each one is tested in ``tests/unit/test_transfer_*.py``):
    :class:`~model_agent.model.errors.SourceError` for the source's own policy (:mod:`.answers`).
 6. **Never more than asked.** No byte past the part is read into the file, whatever the server sends;
    every ``Content-Range`` / ``Content-Length`` must agree with the expected size. A server that ignores
-   ``Range`` is detected on its first whole answer and read as one stream (each retry restarts at 0).
+   ``Range`` is detected on its first whole answer and read as one stream: the whole answer to the first part's
+   request is read on to the end (other part requests are dropped); each retry restarts at 0.
    No redirect is followed: a 3xx answer raises :class:`Redirected` (a ``SourceError``), so a caller that
    allows one can look the location up through its own checks and ask again.
 7. **Cancellation is prompt and clean.** ``download`` may be cancelled at any ``await``: requests stop

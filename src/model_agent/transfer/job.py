@@ -169,6 +169,7 @@ class Job:
         self.flush_error: BaseException | None = None
         self.sequential = False  # single-stream mode (the server ignores Range)
         self.next_sequential = 0
+        self.range_ignored = False  # a part request was answered with the whole body: no more part requests
         self.loop = asyncio.get_running_loop()
         # One writer to the file at a time: parallel writers contend for the inode lock and the kernel spins on
         # it (measured: 1.7 -> 1.6 CPU-s/GB copying to tmpfs, and most of the gain of splice on ext4).
@@ -352,10 +353,9 @@ class Job:
         try:
             if self.queue:
                 workers = min(len(self.queue), self.parts_at_once)
-                try:
-                    await run_all(self._worker() for _ in range(workers))
-                except RangeIgnored:
-                    await self._single_stream()
+                await run_all(self._worker() for _ in range(workers))
+                if self.range_ignored and self.frontier < self.state.parts:
+                    await self._single_stream()  # (no first part's answer to read on: one stream from 0)
             await self._flush_now()
             self.part_event.set()
             return await hasher
@@ -389,7 +389,11 @@ class Job:
             # The slot is held until the part is durably recorded: parts in flight plus parts completed but not
             # yet in the map never exceed the slots, so a kill at any instant refetches <= concurrency parts.
             async with self.dl._slot() as slot:
-                await self._fetch_part(i, slot)
+                try:
+                    await self._fetch_part(i, slot)
+                except RangeIgnored:
+                    self._on_range_ignored()  # (the first part's request reads the file as one stream, or none)
+                    return
                 self._part_done(i)
                 await self._recorded(i)
 
@@ -542,7 +546,12 @@ class Job:
             raise SourceError("BadRequest", f"{self.label}: {exc}") from None
         reusable = False
         try:
-            check_answer(Answer.of(resp), self.label, self.size, span.pos, span.end, whole=whole)
+            try:
+                check_answer(Answer.of(resp), self.label, self.size, span.pos, span.end, whole=whole)
+            except RangeIgnored:
+                if span.pos != 0:
+                    raise
+                self._read_on_as_one_stream(Answer.of(resp), span)
             if settle:
                 self._settle_checksums(resp)
             sock = plain_socket(resp, slot.transport.active_socket()) if splice and self.dl._splice else None
@@ -737,6 +746,21 @@ class Job:
             self.on_written(pos - n, pos)
         if self.sequential:
             self._passed(pos)
+
+    def _read_on_as_one_stream(self, answer: Answer, span: _Span) -> None:
+        """Worker thread: the request for the first part was answered with the whole file (the server ignores
+        ``Range``, as some mirrors do): this answer becomes the single stream, read to the end of the file and its
+        parts recorded as it passes them, instead of being dropped and asked for again (one request and its wait
+        saved per file); the other part requests stop (:meth:`_on_range_ignored`)."""
+        check_answer(answer, self.label, self.size, 0, self.size, whole=True)  # (its length must be the file's)
+        self.sequential = True  # (before any of its bytes is reported: _wrote marks the parts they pass)
+        span.end = self.size
+        self.loop.call_soon_threadsafe(self._on_range_ignored)
+
+    def _on_range_ignored(self) -> None:
+        """No more part requests: the server answers them with the whole file."""
+        self.range_ignored = True
+        self.queue.clear()
 
     async def _single_stream(self) -> None:
         """The server ignores Range: fetch the whole body in one stream, recording parts as it passes them."""
