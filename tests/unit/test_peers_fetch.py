@@ -322,7 +322,7 @@ def _record(state_path: Path, size: int, parts: int, *, complete: bool = False) 
     state.save(state_path)
 
 
-def _relay_fetcher(directory: FakeDirectory) -> tuple[PeerFetcher, Relays]:
+def _relay_fetcher(directory: FakeDirectory, **tuning: float) -> tuple[PeerFetcher, Relays]:
     relays = Relays()
     fetcher = PeerFetcher(
         directory,  # type: ignore[arg-type]
@@ -331,6 +331,7 @@ def _relay_fetcher(directory: FakeDirectory) -> tuple[PeerFetcher, Relays]:
         ranged=RangedConfig(part_size=PART, durable=False, backoff_base_s=0.01),
         relays=relays,
         me=lambda: ME,
+        **tuning,  # type: ignore[arg-type]
     )
     return fetcher, relays
 
@@ -641,18 +642,7 @@ async def test_a_busy_holder_keeps_the_fetch_off_the_origin_even_with_the_slot_f
 
 def _patient_fetcher(directory: FakeDirectory) -> tuple[PeerFetcher, Relays]:
     """A relaying fetcher whose rounds are an hour apart: only a held probe can end its pause in time."""
-    relays = Relays()
-    fetcher = PeerFetcher(
-        directory,  # type: ignore[arg-type]
-        Bans(60),
-        lambda: "good",
-        ranged=RangedConfig(part_size=PART, durable=False, backoff_base_s=0.01),
-        relays=relays,
-        me=lambda: ME,
-        retry_s=3600.0,
-        feed_wait_s=30.0,
-    )
-    return fetcher, relays
+    return _relay_fetcher(directory, retry_s=3600.0, feed_wait_s=30.0)
 
 
 async def test_a_node_follows_its_upstream_the_moment_the_upstream_is_fed(tmp_path: Path) -> None:

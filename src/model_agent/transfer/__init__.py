@@ -42,7 +42,8 @@ Guarantees (each one is tested in ``tests/unit/test_transfer_*.py``):
    ``max_attempts`` consecutive failures without progress end the download. 401/403, 404, 412 (the
    validator, sent as ``If-Match``, no longer matches) and 416 are not retried; they become a
    :class:`~model_agent.model.errors.SourceError` for the source's own policy (:mod:`.answers`).
-6. **Never more than asked.** No byte past the part is read into the file, whatever the server sends;
+6. **Never more than asked.** No byte past the part is read into the file, whatever the server sends (past the
+   file's end, for the one whole answer that is read on as the file's stream, below);
    every ``Content-Range`` / ``Content-Length`` must agree with the expected size. A server that ignores
    ``Range`` is detected on its first whole answer and read as one stream: the whole answer to the first part's
    request is read on to the end (other part requests are dropped); each retry restarts at 0.
