@@ -159,10 +159,14 @@ def test_siblings_adopt_a_verified_copy_and_wait_for_a_running_fetch(tmp_path: P
     async def no_retire(_old: Manifest) -> None:
         raise AssertionError("nothing to retire")
 
+    async def relink() -> None:
+        return None
+
     adoption = asyncio.run(
         adopt_or_wait(
             store,
             no_retire,
+            relink,
             key="B",
             uid="ub",
             owner="o",
@@ -192,11 +196,15 @@ def test_two_models_at_once_one_claims_the_fetch_the_other_waits(tmp_path: Path)
     async def retire(_old: Manifest) -> None:
         return None
 
+    async def relink() -> None:
+        return None
+
     async def both() -> tuple[bool, bool]:
         def call(key: str):  # type: ignore[no-untyped-def]
             return adopt_or_wait(
                 store,
                 retire,
+                relink,
                 key=key,
                 uid=key,
                 owner="o",
@@ -212,3 +220,45 @@ def test_two_models_at_once_one_claims_the_fetch_the_other_waits(tmp_path: Path)
         return a.wait, b.wait
 
     assert sorted(asyncio.run(both())) == [False, True]
+
+
+def test_a_model_moving_to_a_siblings_commit_is_linked_there_before_its_old_copy_is_retired(tmp_path: Path) -> None:
+    """The model's link must lead to weights at every instant: it is pointed at the sibling's verified copy of the
+    new commit first, and only then is the old commit's copy retired (to the trash, when nobody else uses it)."""
+    layout = Layout(tmp_path)
+    layout.ensure()
+    store = ManifestStore(layout)
+    uri = f"hf://acme/move@{SHA}"
+    parent = tmp_path / "_artifacts" / "acme" / "move" / SHA
+    parent.mkdir(parents=True)
+    (parent / "w").write_bytes(b"x")
+    record = FileRecord("w", 1, mtime_ns=(parent / "w").stat().st_mtime_ns)
+    store.save(Manifest("A", "ua", uri, str(parent), revision=SHA, files=[record]), layout.primary)
+    old_parent = tmp_path / "_artifacts" / "acme" / "move" / ("1" * 40)
+    mine = Manifest("B", "ub", f"hf://acme/move@{'1' * 40}", str(old_parent), revision="1" * 40)
+    acts: list[str] = []
+
+    async def retire(old: Manifest) -> None:
+        acts.append(f"retire {Path(old.dest).name}")
+
+    async def relink() -> None:
+        acts.append("link")
+
+    adoption = asyncio.run(
+        adopt_or_wait(
+            store,
+            retire,
+            relink,
+            key="B",
+            uid="ub",
+            owner="o",
+            generation=3,
+            storage_uri=uri,
+            parent=parent,
+            root=layout.primary,
+            manifest=mine,
+            fetching=set,
+        )
+    )
+    assert acts == ["link", f"retire {'1' * 40}"]
+    assert adoption.manifest is not None and adoption.manifest.dest == str(parent)

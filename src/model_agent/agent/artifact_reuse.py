@@ -26,6 +26,8 @@ Contract:
   no download), or waits while the first one fetches (:func:`sibling_state`).
 * :func:`link_child` makes the child symlink, relative, by an atomic rename over whatever symlink was there
   (never over a directory or file); :func:`release_child` removes it only if it still points at the parent.
+  When a model moves to another commit, its link is pointed at the new parent before the old one is retired
+  (after the new copy's publish, or before adopting a sibling's): the path always leads to weights.
   Both keep a record per model (``local/artifacts.py``) so a removal finds the link after the object is gone.
 * :func:`parent_of_spec` maps a live object's raw spec to its parent (for the destructive path's "another
   live model uses this path" check, before its link exists).
@@ -37,7 +39,7 @@ import asyncio
 import os
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
@@ -301,6 +303,7 @@ class Adoption:
 async def adopt_or_wait(
     manifests: ManifestStore,
     retire: Any,  # async (superseded manifest) -> None: the remover's replace_superseded for this key
+    relink: Callable[[], Awaitable[None]],  # point this model's link at the parent (link_child)
     *,
     key: str,
     uid: str,
@@ -316,6 +319,8 @@ async def adopt_or_wait(
 
     A record of this model for another target (the spec's identity changed) is retired first, through the
     destructive path (``retire`` raises Requeue while the breaker holds), so one manifest per key still holds.
+    The model's link is pointed at the sibling's verified copy before that, so it never leads to a parent that
+    has gone to the trash.
     """
     if manifest is not None and manifest.storage_uri == storage_uri and Path(manifest.dest) == parent:
         return Adoption(manifest, False)
@@ -333,6 +338,7 @@ async def adopt_or_wait(
         _claims[claim] = (key, now)
         return Adoption(manifest, False)
     if manifest is not None:
+        await relink()
         await retire(manifest)
     adopted = adopt_copy(sibling, key, uid, owner, generation)
     await asyncio.to_thread(manifests.save, adopted, root)

@@ -300,6 +300,14 @@ class Reconciler:
         uid = manifest.uid if manifest else (obj.metadata.uid if obj else "")
         await self.ctx.remover.remove(Candidate(ref, uid, manifest, why))
 
+    async def _link(self, ref: ModelRef, target: Target) -> None:
+        """Point a shared artifact's link (its ``spec.storage.path``) at its parent; PathRefused when it cannot."""
+        assert target.link is not None
+        try:
+            await asyncio.to_thread(link_child, self.ctx.layout, ref.key, target.link, target.dest)
+        except OSError as exc:
+            raise PathRefused(f"linking {target.link} to the shared artifact {target.dest}: {exc}") from exc
+
     # ------------------------------------------------------------------------------------ converge
 
     async def _converge(
@@ -309,19 +317,25 @@ class Reconciler:
         ctx = self.ctx
         ctx.remover.wanted(ref.key)  # not a pending removal any more
         if target.link is not None:  # a shared artifact: adopt a sibling's verified copy, or wait for its fetch
-            adoption = await adopt_or_wait(
-                ctx.manifests,
-                lambda old: ctx.remover.replace_superseded(ref, old, target.id),
-                key=ref.key,
-                uid=obj.metadata.uid,
-                owner=owner_of_model(obj).fingerprint,
-                generation=obj.metadata.generation,
-                storage_uri=target.storage_uri,
-                parent=target.dest,
-                root=target.root,
-                manifest=manifest,
-                fetching=lambda: {j.key for j in ctx.fetcher.jobs() if j.target == target.id},
-            )
+            try:
+                adoption = await adopt_or_wait(
+                    ctx.manifests,
+                    lambda old: ctx.remover.replace_superseded(ref, old, target.id),
+                    lambda: self._link(ref, target),
+                    key=ref.key,
+                    uid=obj.metadata.uid,
+                    owner=owner_of_model(obj).fingerprint,
+                    generation=obj.metadata.generation,
+                    storage_uri=target.storage_uri,
+                    parent=target.dest,
+                    root=target.root,
+                    manifest=manifest,
+                    fetching=lambda: {j.key for j in ctx.fetcher.jobs() if j.target == target.id},
+                )
+            except PathRefused as exc:  # (the link, before the old copy is retired: that copy stays)
+                await self._fail(ref, raw, "PathRefused", str(exc))
+                ctx.requeue_after(ref.key, 30.0)
+                return
             if adoption.wait:
                 await self._publish_state(ref, obj, ModelState.UPDATING, progress=Progress(phase="queued"))
                 ctx.requeue_after(ref.key, 2.0)
@@ -352,8 +366,8 @@ class Reconciler:
                 await asyncio.to_thread(ctx.manifests.save, current, target.root)
             if target.link is not None:  # the model's path becomes a link to the shared artifact, then Ready
                 try:
-                    await asyncio.to_thread(link_child, ctx.layout, ref.key, target.link, target.dest)
-                except (PathRefused, OSError) as exc:
+                    await self._link(ref, target)
+                except PathRefused as exc:
                     await self._fail(ref, raw, "PathRefused", str(exc))
                     ctx.requeue_after(ref.key, 30.0)
                     return
@@ -661,6 +675,11 @@ class Reconciler:
         )
         manifest.verified_at = time.time()
         if superseded is not None and not retire_first:  # the new copy is published: now the old one may go
+            if target.link is not None:  # ... once the shared artifact's link leads to the new copy, not before
+                try:
+                    await self._link(ref, target)
+                except PathRefused as exc:
+                    raise SourceError("PathRefused", str(exc)) from None
             try:
                 await ctx.remover.replace_superseded(ref, superseded, target.id, from_fetch=True)
             except Requeue as exc:
