@@ -6,8 +6,10 @@ import asyncio
 import contextlib
 import dataclasses
 import hashlib
+import logging
 import os
 import socket
+import struct
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -213,6 +215,71 @@ async def test_answers_sockets_are_paced_by_the_kernel_at_their_share(
     both = await asyncio.gather(_get(server, first, "good"), _get(server, second, "good"))
     assert [r[0] for r in both] == [200, 200]
     assert kernel_says.count(rate // 2) >= 2, kernel_says  # each socket at half while both send
+
+
+async def _read_some_then_reset(port: int, digest: str, some: int) -> int:
+    """A raw client that asks for a blob, reads ``some`` bytes of the answer and resets the connection."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(f"GET /blobs/sha256/{digest} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer good\r\n\r\n".encode())
+    got = 0
+    while got < some:
+        data = await reader.read(64 * 1024)
+        assert data, "the server closed first"
+        got += len(data)
+    sock = writer.get_extra_info("socket")
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))  # close with a reset
+    writer.close()
+    return got
+
+
+async def test_a_client_gone_mid_answer_ends_it_short_without_an_error(
+    tmp_path: Path, served: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A downstream that leaves mid-body (it found the bytes elsewhere, or was killed) ends the answer: sent as
+    a 200 that stopped short, counted only for what went out, no error logged; the server answers the next one."""
+    server, manifests, _ = served
+    content = os.urandom(8 * 1024 * 1024)
+    manifest, digest = _model(tmp_path, content)
+    manifests.append(manifest)
+    answers: list[tuple[str, int]] = []
+    server.on_answer = lambda method, code: answers.append((method, code))
+    server.pacer = UploadPacer(1024 * 1024)  # 8 s for the whole file: the client leaves well before the end
+    await _read_some_then_reset(server.port, digest, 256 * 1024)
+
+    async def answered() -> bool:
+        return bool(answers)
+
+    await eventually(answered, timeout=10, what="the answer to end")
+    assert answers == [("GET", 200)]
+    assert 0 < server.uploaded < len(content)
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR], caplog.records
+    server.pacer = UploadPacer(0)
+    status, body, _ = await _get(server, digest, "good", Range="bytes=0-9")
+    assert status == 206 and body == content[:10]
+
+
+async def test_a_file_cut_short_while_sent_ends_the_answer_short(tmp_path: Path, served: Any) -> None:
+    """A Ready file truncated on disk while its answer is sent: the answer stops where the file ends and the
+    connection closes, so the client sees a short body (and its verification would refuse it), never a hang."""
+    server, manifests, _ = served
+    content = os.urandom(4 * 1024 * 1024)
+    manifest, digest = _model(tmp_path, content)
+    manifests.append(manifest)
+    server.pacer = UploadPacer(1024 * 1024)
+    path = Path(manifest.dest) / "w.bin"
+    got = b""
+    with pytest.raises(aiohttp.ClientPayloadError):
+        async with (
+            aiohttp.ClientSession() as s,
+            s.get(
+                f"http://127.0.0.1:{server.port}/blobs/sha256/{digest}", headers={"Authorization": "Bearer good"}
+            ) as r,
+        ):
+            assert r.status == 200
+            got += await r.content.readexactly(64 * 1024)
+            os.truncate(path, 1536 * 1024)
+            got += await r.content.read()
+    assert len(got) < len(content) and content.startswith(got)
 
 
 async def test_upload_pacer_holds_the_rate() -> None:
