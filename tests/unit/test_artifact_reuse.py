@@ -5,11 +5,14 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import os
+from collections.abc import Awaitable, Callable, Coroutine
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from model_agent.agent.artifact_reuse import (
+    Adoption,
     Identity,
     LinkState,
     SharingFacts,
@@ -141,6 +144,40 @@ def test_a_real_directory_at_the_path_means_an_ordinary_fetch(tmp_path: Path) ->
     assert shared_target(cluster_model(str(tmp_path / "b")), layout, cluster_scoped=False) is None
 
 
+async def _nothing(*_args: object) -> None:
+    return None
+
+
+def _adopt(
+    store: ManifestStore,
+    layout: Layout,
+    uri: str,
+    parent: Path,
+    *,
+    key: str,
+    uid: str,
+    generation: int = 1,
+    manifest: Manifest | None = None,
+    retire: Callable[[Manifest], Awaitable[None]] = _nothing,
+    relink: Callable[[], Awaitable[None]] = _nothing,
+) -> Coroutine[Any, Any, Adoption]:
+    """``adopt_or_wait`` for model ``key`` of owner "o", with no fetch running."""
+    return adopt_or_wait(
+        store,
+        retire,
+        relink,
+        key=key,
+        uid=uid,
+        owner="o",
+        generation=generation,
+        storage_uri=uri,
+        parent=parent,
+        root=layout.primary,
+        manifest=manifest,
+        fetching=set,
+    )
+
+
 def test_siblings_adopt_a_verified_copy_and_wait_for_a_running_fetch(tmp_path: Path) -> None:
     layout = Layout(tmp_path)
     layout.ensure()
@@ -159,25 +196,7 @@ def test_siblings_adopt_a_verified_copy_and_wait_for_a_running_fetch(tmp_path: P
     async def no_retire(_old: Manifest) -> None:
         raise AssertionError("nothing to retire")
 
-    async def relink() -> None:
-        return None
-
-    adoption = asyncio.run(
-        adopt_or_wait(
-            store,
-            no_retire,
-            relink,
-            key="B",
-            uid="ub",
-            owner="o",
-            generation=2,
-            storage_uri=uri,
-            parent=parent,
-            root=layout.primary,
-            manifest=None,
-            fetching=set,
-        )
-    )
+    adoption = asyncio.run(_adopt(store, layout, uri, parent, key="B", uid="ub", generation=2, retire=no_retire))
     assert not adoption.wait and adoption.manifest is not None
     mine = store.load("B")
     assert mine is not None and (mine.uid, mine.dest, mine.owner, mine.files) == ("ub", str(parent), "o", [record])
@@ -193,30 +212,8 @@ def test_two_models_at_once_one_claims_the_fetch_the_other_waits(tmp_path: Path)
     parent = tmp_path / "_artifacts" / "acme" / "claims" / SHA
     uri = f"hf://acme/claims@{SHA}"
 
-    async def retire(_old: Manifest) -> None:
-        return None
-
-    async def relink() -> None:
-        return None
-
     async def both() -> tuple[bool, bool]:
-        def call(key: str):  # type: ignore[no-untyped-def]
-            return adopt_or_wait(
-                store,
-                retire,
-                relink,
-                key=key,
-                uid=key,
-                owner="o",
-                generation=1,
-                storage_uri=uri,
-                parent=parent,
-                root=layout.primary,
-                manifest=None,
-                fetching=set,
-            )
-
-        a, b = await asyncio.gather(call("A"), call("B"))
+        a, b = await asyncio.gather(*(_adopt(store, layout, uri, parent, key=k, uid=k) for k in "AB"))
         return a.wait, b.wait
 
     assert sorted(asyncio.run(both())) == [False, True]
@@ -245,20 +242,7 @@ def test_a_model_moving_to_a_siblings_commit_is_linked_there_before_its_old_copy
         acts.append("link")
 
     adoption = asyncio.run(
-        adopt_or_wait(
-            store,
-            retire,
-            relink,
-            key="B",
-            uid="ub",
-            owner="o",
-            generation=3,
-            storage_uri=uri,
-            parent=parent,
-            root=layout.primary,
-            manifest=mine,
-            fetching=set,
-        )
+        _adopt(store, layout, uri, parent, key="B", uid="ub", generation=3, manifest=mine, retire=retire, relink=relink)
     )
     assert acts == ["link", f"retire {'1' * 40}"]
     assert adoption.manifest is not None and adoption.manifest.dest == str(parent)
