@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import errno
 import hashlib
 import logging
 import os
@@ -256,6 +257,30 @@ async def test_a_client_gone_mid_answer_ends_it_short_without_an_error(
     server.pacer = UploadPacer(0)
     status, body, _ = await _get(server, digest, "good", Range="bytes=0-9")
     assert status == 206 and body == content[:10]
+
+
+async def test_a_file_system_without_sendfile_is_served_by_reads_and_writes(
+    tmp_path: Path, served: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Where ``sendfile(2)`` refuses the file (as on a file system that does not implement it), every answer is
+    still whole and exact, whole or by range, sent by reads and writes instead."""
+    server, manifests, _ = served
+    content = os.urandom(3 * 1024 * 1024 + 11)
+    manifest, digest = _model(tmp_path, content)
+    manifests.append(manifest)
+    refused: list[int] = []
+
+    def no_sendfile(out_fd: int, in_fd: int, offset: int | None, count: int) -> int:
+        refused.append(count)
+        raise OSError(errno.EINVAL, "sendfile not supported here")
+
+    monkeypatch.setattr(os, "sendfile", no_sendfile)
+    status, body, _ = await _get(server, digest, "good")
+    assert status == 200 and body == content
+    status, body, _ = await _get(server, digest, "good", Range="bytes=1048570-2097160")
+    assert status == 206 and body == content[1048570:2097161]
+    assert refused  # (the native path was tried, and refused)
+    assert server.uploaded == len(content) + 2097161 - 1048570
 
 
 async def test_a_file_cut_short_while_sent_ends_the_answer_short(tmp_path: Path, served: Any) -> None:

@@ -364,7 +364,7 @@ class PeerServer:
             return resp
         self.pacer.answers += 1
         try:
-            offset = await self._send_body(req, fd, start, end, relay)
+            offset = await self._send_body(req, resp, fd, start, end, relay)
         finally:
             self.pacer.answers -= 1
         if offset < end:  # ended short: close the connection, so the client sees it at once and resumes
@@ -374,14 +374,18 @@ class PeerServer:
         await resp.write_eof()
         return resp
 
-    async def _send_body(self, req: web.Request, fd: int, start: int, end: int, relay: Relay | None) -> int:
+    async def _send_body(
+        self, req: web.Request, resp: web.StreamResponse, fd: int, start: int, end: int, relay: Relay | None
+    ) -> int:
         """Bytes ``[start, end)`` of ``fd`` onto the answer's connection, paced; returns where it stopped (``end``:
         all)."""
         # Wrapping an open descriptor does no I/O (one fstat); the caller closes fd.
         with open(fd, "rb", buffering=0, closefd=False) as file:  # noqa: ASYNC230
-            return await self._send_from(req, file, start, end, relay)
+            return await self._send_from(req, resp, file, start, end, relay)
 
-    async def _send_from(self, req: web.Request, file: BinaryIO, start: int, end: int, relay: Relay | None) -> int:
+    async def _send_from(
+        self, req: web.Request, resp: web.StreamResponse, file: BinaryIO, start: int, end: int, relay: Relay | None
+    ) -> int:
         view = DurableView(relay) if relay is not None else None
         sock = req.transport.get_extra_info("socket") if req.transport is not None else None
         paced_at = 0
@@ -417,7 +421,7 @@ class PeerServer:
             if share != paced_at and sock is not None and self.pacer.pace(sock, share):
                 paced_at = share  # the answers sending now changed: this socket's share with them
             await self.pacer.take(n)
-            sent = await _send_file(req, file, offset, n)
+            sent = await _send_file(req, resp, file, offset, n)
             if not sent:
                 break  # truncated under us (the peer's size check and verification catch it), or the client left
             offset += sent
@@ -427,14 +431,28 @@ class PeerServer:
         return offset
 
 
-async def _send_file(req: web.Request, file: BinaryIO, offset: int, n: int) -> int:
-    """Bytes ``[offset, offset + n)`` of ``file`` onto the answer's connection by ``sendfile(2)`` from the event loop
-    (the kernel moves them from the page cache; no thread hop, no copy through Python); the count sent, fewer at
-    the file's end, 0 when the client has gone (not an error: the answer just ends short)."""
+async def _send_file(req: web.Request, resp: web.StreamResponse, file: BinaryIO, offset: int, n: int) -> int:
+    """Bytes ``[offset, offset + n)`` of ``file`` onto the answer's connection; the count sent, fewer at the file's
+    end, 0 when the client has gone (not an error: the answer just ends short).
+
+    By ``sendfile(2)`` from the event loop: the kernel moves the bytes from the page cache, with no thread hop and no
+    copy through Python (docs/performance.md 15). Where it cannot (a file system without it, or a transport that is
+    not a plain socket), the piece is read in a thread and written, as before: asyncio's own fallback would read it
+    16 KiB per thread hop.
+    """
     transport = req.transport
     if transport is None or transport.is_closing():
         return 0
     try:
-        return await asyncio.get_running_loop().sendfile(transport, file, offset, n)
-    except (ConnectionError, RuntimeError):  # (RuntimeError: the transport closed meanwhile)
+        return await asyncio.get_running_loop().sendfile(transport, file, offset, n, fallback=False)
+    except ConnectionError:
         return 0
+    except RuntimeError:  # no sendfile(2) for this file or transport (SendfileNotAvailableError), or it closed
+        if transport.is_closing():
+            return 0
+    try:
+        data = await asyncio.to_thread(os.pread, file.fileno(), n, offset)
+        await resp.write(data)
+    except ConnectionError:
+        return 0
+    return len(data)
