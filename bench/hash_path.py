@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import hashlib
 import json
 import os
 import resource
@@ -130,7 +129,7 @@ def _row(run: dict[str, Any], size: int) -> dict[str, float]:
 
 
 def main() -> None:
-    from bench.ranged import start_nginx
+    from bench.ranged import start_nginx, write_random_file
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--size-mib", type=int, default=1024)
@@ -145,13 +144,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(dir="/dev/shm") as origin_dir, tempfile.TemporaryDirectory() as prefix:
         root = Path(origin_dir) / "root"
         root.mkdir()
-        digest = hashlib.sha256()
-        with (root / "f.bin").open("wb") as fh:  # in pieces: this process stays small (children inherit maxrss)
-            for _ in range(size // MiB):
-                piece = os.urandom(MiB)
-                digest.update(piece)
-                fh.write(piece)
-        sha = digest.hexdigest()
+        sha = write_random_file(root / "f.bin", args.size_mib)
         nginx, port, _count_port = start_nginx(root, Path(prefix))
         url = f"http://127.0.0.1:{port}/f.bin"
         dest = Path(origin_dir) / "dest.bin"

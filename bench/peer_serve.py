@@ -21,9 +21,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import hashlib
 import json
-import os
 import resource
 import statistics
 import subprocess
@@ -116,6 +114,8 @@ def _row(run: dict[str, Any]) -> dict[str, float]:
 
 
 def main() -> None:
+    from bench.ranged import write_random_file
+
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--size-mib", type=int, default=1024)
     ap.add_argument("--rounds", type=int, default=3)
@@ -131,13 +131,7 @@ def main() -> None:
         model = Path(root) / "m"
         model.mkdir()
         path = model / "w.bin"
-        digest = hashlib.sha256()
-        with path.open("wb") as fh:  # in pieces: this process stays small
-            for _ in range(args.size_mib):
-                piece = os.urandom(MiB)
-                digest.update(piece)
-                fh.write(piece)
-        sha = digest.hexdigest()
+        sha = write_random_file(path, args.size_mib)
         for _ in range(args.rounds):
             for variant in variants:
                 mode, _, tree = variant.partition("@")

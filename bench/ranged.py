@@ -139,6 +139,18 @@ def _wait_port(port: int) -> None:
     raise RuntimeError(f"nginx did not listen on {port}")
 
 
+def write_random_file(path: Path, size_mib: int) -> str:
+    """Fill ``path`` with ``size_mib`` MiB of random bytes, a MiB at a time (the writer stays small: children
+    inherit its peak RSS); their sha256."""
+    sha = hashlib.sha256()
+    with path.open("wb") as fh:
+        for _ in range(size_mib):
+            block = os.urandom(MiB)
+            sha.update(block)
+            fh.write(block)
+    return sha.hexdigest()
+
+
 def start_nginx(root: Path, prefix: Path) -> tuple[subprocess.Popen[bytes], int, int]:
     nginx = shutil.which("nginx") or "/usr/sbin/nginx"
     (prefix / "tmp").mkdir(parents=True, exist_ok=True)
@@ -323,12 +335,7 @@ def main() -> None:
         root = tmp / "www"
         root.mkdir()
         src = root / "origin.bin"
-        sha = hashlib.sha256()
-        with src.open("wb") as fh:
-            for _ in range(args.size_mib):
-                block = os.urandom(MiB)
-                sha.update(block)
-                fh.write(block)
+        sha = write_random_file(src, args.size_mib)
         with src.open("rb") as fh:  # warm the page cache
             while fh.read(16 * MiB):
                 pass
@@ -356,7 +363,7 @@ def main() -> None:
                         url,
                         workdirs[dest_name] / "out.bin",
                         size,
-                        sha.hexdigest(),
+                        sha,
                         part_mib * MiB,
                         conc,
                         buf_kib * 1024,
@@ -395,7 +402,7 @@ def main() -> None:
                             f"http://127.0.0.1:{count_port}/origin.bin",
                             workdirs[dest_name] / "out.bin",
                             size,
-                            sha.hexdigest(),
+                            sha,
                             part_mib * MiB,
                             conc,
                             1024 * 1024,

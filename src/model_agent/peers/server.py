@@ -364,7 +364,9 @@ class PeerServer:
             return resp
         self.pacer.answers += 1
         try:
-            offset = await self._send_body(req, resp, fd, start, end, relay)
+            # Wrapping an open descriptor does no I/O (one fstat); the caller closes fd.
+            with open(fd, "rb", buffering=0, closefd=False) as file:  # noqa: ASYNC230
+                offset = await self._send_body(req, resp, file, start, end, relay)
         finally:
             self.pacer.answers -= 1
         if offset < end:  # ended short: close the connection, so the client sees it at once and resumes
@@ -375,17 +377,10 @@ class PeerServer:
         return resp
 
     async def _send_body(
-        self, req: web.Request, resp: web.StreamResponse, fd: int, start: int, end: int, relay: Relay | None
-    ) -> int:
-        """Bytes ``[start, end)`` of ``fd`` onto the answer's connection, paced; returns where it stopped (``end``:
-        all)."""
-        # Wrapping an open descriptor does no I/O (one fstat); the caller closes fd.
-        with open(fd, "rb", buffering=0, closefd=False) as file:  # noqa: ASYNC230
-            return await self._send_from(req, resp, file, start, end, relay)
-
-    async def _send_from(
         self, req: web.Request, resp: web.StreamResponse, file: BinaryIO, start: int, end: int, relay: Relay | None
     ) -> int:
+        """Bytes ``[start, end)`` of ``file`` onto the answer's connection, paced; returns where it stopped (``end``:
+        all)."""
         view = DurableView(relay) if relay is not None else None
         sock = req.transport.get_extra_info("socket") if req.transport is not None else None
         paced_at = 0
