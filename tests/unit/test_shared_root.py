@@ -66,9 +66,12 @@ def test_fetch_turn(shared: bool, published: bool, holds: bool, turn: FetchTurn)
     assert fetch_turn(shared, published, holds) == turn
 
 
-KEEP_SHARED = RemovalPlan(False, False, False, False, " (weights kept: shared root, other nodes may serve them)")
-KEEP_OWN_RECORD = RemovalPlan(False, False, False, True, " (weights kept: shared root, other nodes may serve them)")
-NOT_OURS = RemovalPlan(False, False, False, False, " (weights not moved: another node already moved or restored them)")
+# On a shared root the link of a shared artifact goes only where the files may go (never on a deselected node).
+KEEP = " (weights kept: shared root, other nodes may serve them)"
+KEEP_SHARED = RemovalPlan(False, False, False, False, KEEP, release_link=False)
+KEEP_OWN_RECORD = RemovalPlan(False, False, False, True, KEEP, release_link=False)
+MOVED = " (weights not moved: another node already moved or restored them)"
+NOT_OURS = RemovalPlan(False, False, False, False, MOVED, release_link=False)
 
 
 @pytest.mark.parametrize(
@@ -403,6 +406,7 @@ async def test_a_dead_holders_lease_expires_and_another_node_fetches(tmp_path: P
     (lease,) = [lease for lease in api.leases.values() if lease["spec"]["holderIdentity"] == ""]
     lease["spec"]["holderIdentity"] = "a"  # as a killed holder leaves it
     lease["spec"]["renewTime"] = "2020-01-01T00:00:00.000000Z"
+    lease["spec"]["leaseDurationSeconds"] = 0.2  # (short: b must see it unchanged this long on its own clock)
 
     async def fetch() -> None:
         b_manifests.save(_published(dest), root)

@@ -38,6 +38,7 @@ from __future__ import annotations
 import asyncio
 import os
 import re
+import socket
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -266,7 +267,8 @@ def link_child(layout: Layout, key: str, link: Path, parent: Path) -> None:
     if os.path.lexists(link) and not link.is_symlink():
         raise PathRefused(f"{link} is a directory or file, not a link to the shared artifact {parent}")
     link.parent.mkdir(parents=True, exist_ok=True)
-    temporary = link.parent / f".{link.name}.artifact-link"
+    # Per node and process: two nodes relinking one path on a shared root must not race on one temporary name.
+    temporary = link.parent / f".{link.name}.{socket.gethostname()}.{os.getpid()}.artifact-link"
     if temporary.is_symlink():
         temporary.unlink()
     temporary.symlink_to(os.path.relpath(parent, link.parent))
@@ -323,7 +325,19 @@ async def adopt_or_wait(
     has gone to the trash.
     """
     if manifest is not None and manifest.storage_uri == storage_uri and Path(manifest.dest) == parent:
-        return Adoption(manifest, False)
+        if manifest.damaged or not await asyncio.to_thread(manifest.fast_check):
+            return Adoption(manifest, False)  # intact, or marked damaged by a re-hash: this model refetches
+        # The files changed under this record but no re-hash found them bad: a sibling's refetch published into
+        # the parent. Its record describes the parent as it is now; take it rather than fetching again (two
+        # siblings would otherwise refetch each other's files forever).
+        state, sibling = await asyncio.to_thread(sibling_state, key, storage_uri, parent, manifests, set())
+        if state != Sibling.COPY or sibling is None:
+            return Adoption(manifest, False)
+        refreshed = adopt_copy(sibling, key, uid, owner, generation)
+        refreshed.reserved = manifest.reserved
+        await asyncio.to_thread(manifests.save, refreshed, root)
+        log.info("shared artifact record refreshed from a sibling", key=key, parent=str(parent), sibling=sibling.key)
+        return Adoption(refreshed, False)
     state, sibling = await asyncio.to_thread(sibling_state, key, storage_uri, parent, manifests, fetching())
     if state == Sibling.FETCHING:
         return Adoption(manifest, True)

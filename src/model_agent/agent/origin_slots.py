@@ -3,17 +3,31 @@
 When a DaemonSet restarts, every node wants the same weights at the same moment and the whole fleet gets
 throttled by the hub. Slots are ``coordination.k8s.io/v1`` Leases in the agent's namespace, named
 ``origin-<hash of the source>-<i>`` for i < K. A node holds a slot while it fetches: it creates the Lease,
-or takes over one whose holder stopped renewing (``renewTime + leaseDurationSeconds`` in the past), with an
+or takes over one whose holder stopped renewing (its record unchanged for ``leaseDurationSeconds``), with an
 optimistic-concurrency update (resourceVersion), renews it every third of the duration, and releases it
 (holder cleared) when done. A killed holder's slot expires, so no node waits forever. A node that finds
 every slot busy waits (the model shows ``Updating`` with phase ``queued``) and retries with jitter.
 
+Expiry is judged by local observation, as client-go's leader election does: a Lease held by another node
+counts as expired only once this process has seen the same record (holder, renew time, resourceVersion)
+unchanged for longer than its duration on its own monotonic clock. The holder's ``renewTime`` is written
+by the holder's wall clock and is never compared with this node's, so no clock skew makes a live Lease look
+expired.
+
+Fencing: :meth:`OriginSlots.holds` says whether this process may still act as the holder of a Lease it
+took — not once a renewal found another holder, and not once the last successful renewal is older than
+:data:`FENCE_SHARE` of the duration (a holder cut off from the API server stops before another node can
+take the Lease over). Callers that use a Lease as a mutex (shared roots) ask it immediately before each
+destructive step.
+
 Contract: :meth:`OriginSlots.hold` is an async context manager; inside it the caller owns a slot. API
 errors while acquiring are retried with backoff (never "proceed without a slot"); a renewal that finds the
-slot taken by another node logs it and keeps going (the fetch is idempotent; the limit is best effort at
-that instant, the same as client-go leader election's). Leaving the context always releases the slot (a
-failed release is logged; the slot then expires); a cancellation of the holder that arrives during the
-release is raised once the release has ended, so the caller never carries on as if it had not been cancelled.
+slot taken by another node logs it and fences the holder (:meth:`holds` turns False; a fetch that is only
+counted by the slot goes on: the limit is best effort at that instant, the same as client-go leader
+election's). The renewer survives any error of a renewal (logged, retried at the next tick). Leaving the
+context always releases the slot (a failed release is logged; the slot then expires); a cancellation of the
+holder that arrives during the release is raised once the release has ended, so the caller never carries on
+as if it had not been cancelled.
 """
 
 from __future__ import annotations
@@ -22,6 +36,7 @@ import asyncio
 import contextlib
 import hashlib
 import random
+import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import KW_ONLY, InitVar, dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -37,6 +52,11 @@ if TYPE_CHECKING:
     from model_agent.sources.egress import Owner
 
 log = structlog.get_logger(__name__)
+
+# A holder acts on a Lease only while its last successful renewal is younger than this share of the duration:
+# renewals come every third, so one failed renewal is tolerated, two are not, and the holder stops well before
+# another node (which waits a full duration of unchanged record, locally timed) can take the Lease over.
+FENCE_SHARE = 2 / 3
 
 
 def _now() -> datetime:
@@ -77,11 +97,26 @@ class OriginSlots:
     lease_s: int = 30
     poll_s: float = 3.0
     rng: InitVar[random.Random | None] = None
+    clock: Callable[[], float] = time.monotonic
     _rng: random.Random = field(init=False, repr=False)
+    # Lease name -> (the record another node holds as last read: holder, renewTime, resourceVersion; when this
+    # process first saw it so, on its own clock).
+    _observed: dict[str, tuple[tuple[str, str, str], float]] = field(default_factory=dict, init=False, repr=False)
+    # Lease name -> when this process last took or renewed it (its own clock); absent: not held, or fenced.
+    _renewed: dict[str, float] = field(default_factory=dict, init=False, repr=False)
 
     def __post_init__(self, rng: random.Random | None) -> None:
         """The random source of the slot order and the backoff (a fresh one when none is given)."""
         self._rng = rng or random.Random()
+
+    def holds(self, source: str) -> bool:
+        """May this process still act as the holder of a slot of ``source``? (The module's fencing contract.)"""
+        now = self.clock()
+        for name in lease_names(source, self.slots):
+            renewed = self._renewed.get(name)
+            if renewed is not None and now - renewed < FENCE_SHARE * self.lease_s:
+                return True
+        return False
 
     @contextlib.asynccontextmanager
     async def hold(
@@ -102,6 +137,7 @@ class OriginSlots:
         try:
             yield name
         finally:
+            self._renewed.pop(name, None)
             renewer.cancel()
             # The release runs to its end even when the holder is cancelled meanwhile (a slot left held
             # blocks other nodes until it expires), but a cancellation that arrives during it is raised
@@ -164,43 +200,75 @@ class OriginSlots:
         except ApiError as exc:
             if exc.status != 404:
                 raise
+            started = self.clock()
             try:
                 await self.client.request("POST", LEASES.path(self.namespace), body=self._body(name, _now()))
-                return True
             except ApiError as create_exc:
                 if create_exc.status == 409:
                     return False
                 raise
+            self._renewed[name] = started
+            return True
         spec = lease.get("spec") or {}
         holder = spec.get("holderIdentity") or ""
-        renewed = _parse(spec.get("renewTime"))
-        duration = int(spec.get("leaseDurationSeconds") or self.lease_s)
-        expired = renewed is None or renewed + timedelta(seconds=duration) < _now()
-        if holder and holder != self.holder and not expired:
-            return False
         rv = objects.resource_version(lease)
+        if holder and holder != self.holder and not self._expired(name, lease):
+            return False
+        started = self.clock()
         try:
             await self.client.request("PUT", path, body=self._body(name, _now(), rv))
-            return True
         except ApiError as exc:
             if exc.status == 409:
                 return False  # someone else took it first
             raise
+        self._observed.pop(name, None)
+        self._renewed[name] = started
+        return True
+
+    def _expired(self, name: str, lease: dict[str, Any]) -> bool:
+        """Has another node's record of ``name`` stayed unchanged for longer than its duration, timed here?
+
+        The first sighting of a record starts its clock: a Lease found stale after a restart of this process is
+        taken over one duration later, never at once (its holder may be alive with a clock behind ours).
+        """
+        spec = lease.get("spec") or {}
+        seen = (
+            str(spec.get("holderIdentity") or ""),
+            str(spec.get("renewTime") or ""),
+            objects.resource_version(lease),
+        )
+        try:
+            duration = float(spec.get("leaseDurationSeconds") or self.lease_s)
+        except (TypeError, ValueError):
+            duration = float(self.lease_s)
+        now = self.clock()
+        previous = self._observed.get(name)
+        if previous is None or previous[0] != seen:
+            self._observed[name] = (seen, now)
+            return False
+        return now - previous[1] > duration
 
     async def _renew(self, name: str) -> None:
         path = LEASES.path(self.namespace, name)
         while True:
             await asyncio.sleep(self.lease_s / 3)
+            started = self.clock()
             try:
                 lease = await self.client.request("GET", path)
                 spec = lease.get("spec") or {}
                 if spec.get("holderIdentity") != self.holder:
                     log.warning("origin slot taken over by another node", lease=name, holder=spec.get("holderIdentity"))
+                    self._renewed.pop(name, None)  # fenced: holds() is False from now on
                     return
                 spec["renewTime"] = _micro(_now())
                 await self.client.request("PUT", path, body=lease)
-            except (ApiError, ApiUnavailable) as exc:
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
                 log.warning("origin slot renewal failed", lease=name, error=str(exc))
+                continue
+            if name in self._renewed:
+                self._renewed[name] = started
 
     async def _release(self, name: str) -> None:
         path = LEASES.path(self.namespace, name)

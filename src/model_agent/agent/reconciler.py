@@ -360,10 +360,18 @@ class Reconciler:
             assert current is not None
             reserved = reserve_artifact(obj)
             if (current.uid, current.reserved, current.removing) != (obj.metadata.uid, reserved, ""):
-                current.uid = obj.metadata.uid  # same source and path, recreated object: adopt
-                current.reserved = reserved  # a removal honours it even once the object is gone
-                current.removing = ""  # wanted and intact: a removal recorded before a restart is void
-                await asyncio.to_thread(ctx.manifests.save, current, target.root)
+                # On a shared root another node may be removing this record's copy: rewrite it only under the
+                # key's record guard, and from the record as it is then (Requeue while another node holds it).
+                guard = ctx.shared_roots.record_turn(ref.key, current.dest) if ctx.shared_roots else None
+                async with guard or contextlib.nullcontext():
+                    again = await asyncio.to_thread(ctx.manifests.load, ref.key)
+                    if again is None or (again.storage_uri, again.dest) != (current.storage_uri, current.dest):
+                        raise Requeue("the record changed while it was adopted", 0.5)
+                    current = again
+                    current.uid = obj.metadata.uid  # same source and path, recreated object: adopt
+                    current.reserved = reserved  # a removal honours it even once the object is gone
+                    current.removing = ""  # wanted and intact: a removal recorded before a restart is void
+                    await asyncio.to_thread(ctx.manifests.save, current, target.root)
             if target.link is not None:  # the model's path becomes a link to the shared artifact, then Ready
                 try:
                     await self._link(ref, target)
@@ -526,6 +534,7 @@ class Reconciler:
                     target.root,
                     fetch,
                     lambda p: self._write_progress(ref, obj, p, time.monotonic()),
+                    owner_of_model(obj).fingerprint,
                 )
                 ctx.metrics.bytes_by_source.labels("shared").inc(adopted)  # what another node fetched for this one
 

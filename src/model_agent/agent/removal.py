@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import os
 import shutil
 from collections.abc import Callable, Iterable
@@ -52,7 +53,7 @@ from model_agent.agent.shared_root import FULL, RemovalPlan, SharedRoots, confir
 from model_agent.kube import objects
 from model_agent.kube.client import ApiError, ApiUnavailable
 from model_agent.kube.resources import NODES
-from model_agent.local.layout import PathRefused, token_for
+from model_agent.local.layout import Layout, PathRefused, token_for
 from model_agent.local.manifest import Manifest
 from model_agent.model.keys import RESERVE_MODEL_ARTIFACT_LABEL
 from model_agent.model.reasons import EventReason
@@ -153,8 +154,13 @@ class Remover:
             log.info("completing a removal recorded before a restart", key=ref.key, why=candidate.why)
         held = f"removal from node {ctx.node_name} held by the delete breaker ({candidate.why})"
         self._pass_breaker(ref.key, recorded, self._ref_for_event(ref, candidate, confirmation), held, "")
-        # A shared root: a deselected node drops only its label and entry; files move once, by one node.
-        shared, dest = ctx.shared_roots, candidate.manifest.dest if candidate.manifest is not None else None
+        # A shared root: a deselected node drops only its label and entry; files move once, by one node. The plan
+        # is decided from the record the act works on (the reconciler hands a peers' record over as None) and the
+        # root of its destination, never from "no manifest"; with no record at all, from the live spec's path.
+        shared = ctx.shared_roots
+        on_disk = await asyncio.to_thread(ctx.manifests.load, ref.key) if shared else None
+        acted_on = on_disk or candidate.manifest
+        dest = acted_on.dest if acted_on is not None else _spec_dest(confirmation.live, ctx.layout)
         gone = confirmed_gone(confirmation.outcome, confirmation.live, candidate.manifest)
         turn = shared.removal_turn(ref.key, dest, gone, candidate.uid) if shared else contextlib.nullcontext(FULL)
         async with turn as plan:
@@ -288,8 +294,15 @@ class Remover:
                 keys.update((other.label_key, other.configmap_key))
         return keys
 
-    def _needed_elsewhere(self, ref: ModelRef, dest: Path, new_target: str | None = None) -> bool:
-        """Does another live model (or this model's new spec) use this destination or a path inside it?"""
+    def _needed_elsewhere(
+        self, ref: ModelRef, dest: Path, new_target: str | None = None, *, successor_of: set[str] | None = None
+    ) -> bool:
+        """Does another live model (or this model's new spec) use this destination or a path inside it?
+
+        ``successor_of`` (a removal's confirmed-gone UIDs): on a shared root a live object of the same key with
+        another UID (a successor, perhaps selecting other nodes only) that names this directory keeps it too:
+        its own fetch retires the old copy, under its own control, and another node may be serving it already.
+        """
         if new_target is not None and new_target.endswith(f"|{dest}"):
             return True
         for raw in self.ctx.cached_models():
@@ -298,16 +311,23 @@ class Remover:
             if not path or objects.deleting(raw):
                 continue
             same = _ref_of(raw) == ref
-            if same and new_target is None:
+            if same and new_target is None and not self._shared_successor(raw, dest, successor_of):
                 continue
             try:
                 _, resolved = self.ctx.layout.confine(path)
             except PathRefused:
                 continue
             resolved = parent_of_spec(raw, self.ctx.layout) or resolved  # a shared artifact, linked or not yet
-            if not same and (resolved == dest or dest in resolved.parents):
+            if (not same or new_target is None) and (resolved == dest or dest in resolved.parents):
                 return True
         return False
+
+    def _shared_successor(self, raw: dict[str, Any], dest: Path, gone_uids: set[str] | None) -> bool:
+        """Is ``raw`` (same key) a successor of the removed object, with ``dest`` on a shared root?"""
+        if gone_uids is None or objects.uid(raw) in gone_uids or self.ctx.shared_roots is None:
+            return False
+        shared, _ = self.ctx.shared_roots.shared_for(dest)
+        return shared
 
     async def _quarantine(self, manifest: Manifest, reason: str) -> None:
         """Move the weights into the trash; :class:`Requeue` when the trash refuses or the move fails."""
@@ -346,6 +366,9 @@ class Remover:
             known_uids.add(manifest.uid)
         if self._recreated_in_cache(ref, known_uids - {""}):  # the cancel awaited: look once more
             self._back_off_for_a_successor(ref)
+        # The UIDs whose copy this removal may take away: never a live successor's (a re-created object).
+        successor = live_uid if confirmation.outcome == Outcome.RECREATED_NEW_UID else ""
+        gone_uids = {candidate.uid, manifest.uid if manifest is not None else ""} - {"", successor}
         # 1. The intent: from here on a restart finds this removal decided, and completes it once confirmed again.
         if on_disk is not None and not on_disk.removing and plan.write_intent:
             on_disk.removing = candidate.why or "removal"
@@ -357,17 +380,24 @@ class Remover:
             await ctx.labels.ensure(ref.label_key, None)
         if ref.configmap_key not in owned_by_others:
             await ctx.configmap.ensure(ref.configmap_key, None)
-        # 4. The weights, only now that nothing advertises them: a shared artifact's link first (unless reserved),
+        # 4. The weights, only now that nothing advertises them: a shared artifact's link first (unless reserved,
+        # and only where the plan lets the files go: on a shared root the link is every node's way to the files),
         # then the artifact itself like any weights (kept while another live model resolves to it).
-        if manifest is not None and not self._reserved(candidate, confirmation, manifest):
+        if plan.release_link and manifest is not None and not self._reserved(candidate, confirmation, manifest):
             await asyncio.to_thread(release_child, ctx.layout, ref.key)
         kept = ""
         if manifest is not None and manifest.owned:
+            refused = ""
+            if plan.move_files and ctx.shared_roots is not None:  # re-checked immediately before the move
+                refused = await asyncio.to_thread(ctx.shared_roots.move_refused, ref.key, manifest, gone_uids)
             if not plan.move_files:
                 kept = plan.why_kept
+            elif refused:
+                kept = f" (weights not moved: {refused})"
+                plan = dataclasses.replace(plan, delete_record=False, remove_staging=False)
             elif self._reserved(candidate, confirmation, manifest):
                 kept = " (weights kept: reserve-model-artifact)"
-            elif self._needed_elsewhere(ref, Path(manifest.dest)):
+            elif self._needed_elsewhere(ref, Path(manifest.dest), successor_of=gone_uids):
                 kept = " (weights kept: another live model uses this path or one inside it)"
             else:
                 try:
@@ -423,6 +453,18 @@ def _reserved_in(obj: dict[str, Any]) -> bool:
     keeps its weights when it says so.
     """
     return objects.labels(obj).get(RESERVE_MODEL_ARTIFACT_LABEL, "").lower() == "true"
+
+
+def _spec_dest(live: dict[str, Any] | None, layout: Layout) -> str | None:
+    """The directory a live object's spec names (confined to the roots), or None."""
+    path = (((live or {}).get("spec") or {}).get("storage") or {}).get("path")
+    if not isinstance(path, str) or not path:
+        return None
+    try:
+        _, resolved = layout.confine(path)
+    except PathRefused:
+        return None
+    return str(resolved)
 
 
 def _wants(live: dict[str, Any] | None, storage_uri: str, dest: str) -> bool:

@@ -123,6 +123,9 @@ class RemovalPlan:
     remove_staging: bool = True  # delete the key's staging area
     delete_record: bool = True  # delete the manifest
     why_kept: str = ""  # shown in the Removed Event when the files stay
+    # remove a shared artifact's link (``spec.storage.path``): shared state like the files, so it goes only
+    # where the files may go (the link is what every Ready node serves the model through)
+    release_link: bool = True
 
 
 FULL = RemovalPlan()
@@ -148,6 +151,7 @@ def removal_plan(
             remove_staging=False,
             delete_record=own_record_only,
             why_kept=" (weights kept: shared root, other nodes may serve them)",
+            release_link=False,
         )
     if not holds_turn:
         return None
@@ -158,6 +162,7 @@ def removal_plan(
             remove_staging=False,
             delete_record=False,
             why_kept=" (weights not moved: another node already moved or restored them)",
+            release_link=False,
         )
     return FULL
 
@@ -246,11 +251,17 @@ def publication_bytes(manifest_text: str, node: str, now: float) -> bytes:
     return json.dumps(body, sort_keys=True).encode()
 
 
-def check_publication(data: bytes, storage_uri: str, dest: Path) -> tuple[Manifest | None, str]:
+def check_publication(
+    data: bytes, storage_uri: str, dest: Path, owner: str = "", current: Manifest | None = None
+) -> tuple[Manifest | None, str]:
     """The published manifest if it may be adopted for (``storage_uri``, ``dest``), else (None, why not).
 
     Adoptable: the record parses, its checksum matches the manifest's text, the manifest names this source
-    and destination, is not being removed, and every file has the recorded size and mtime (stat only).
+    and destination and was fetched for ``owner`` (the adopting model's owner fingerprint: adopting another
+    owner's publication would hand its bytes to a model that never showed a credential for them), is not being
+    removed, does not describe a file that ``current`` (this key's record) marks damaged at the very mtime it
+    has (the copy a re-hash found corrupt: only a refetch repairs it), and every file has the recorded size and
+    mtime (stat only).
     """
     try:
         record = json_text.loads(data)
@@ -267,6 +278,10 @@ def check_publication(data: bytes, storage_uri: str, dest: Path) -> tuple[Manife
         return None, "unreadable published manifest"
     if not _names_target(manifest, storage_uri, dest):
         return None, "published for another source or destination"
+    if owner and manifest.owner != owner:
+        return None, "published for another owner"
+    if current is not None and _still_damaged(manifest, current):
+        return None, "publishes a copy a verification found damaged"
     if manifest.removing:
         return None, "being removed"
     if not manifest.files:
@@ -277,10 +292,22 @@ def check_publication(data: bytes, storage_uri: str, dest: Path) -> tuple[Manife
     return manifest, ""
 
 
+def _still_damaged(published: Manifest, current: Manifest) -> bool:
+    """Does ``published`` record a file at the mtime ``current`` marks it damaged at?"""
+    if not current.damaged or current.storage_uri != published.storage_uri:
+        return False
+    return any(current.damaged.get(f.path) == f.mtime_ns for f in published.files)
+
+
 def _names_target(manifest: Manifest, storage_uri: str, dest: Path) -> bool:
     return manifest.storage_uri == storage_uri and (
         Path(manifest.dest) == dest or Path(os.path.realpath(manifest.dest)) == dest
     )
+
+
+def _record_lease(key: str) -> str:
+    """The Lease that guards a key's shared record and directory (removal, restore, adoption)."""
+    return f"shared-trash|{key}"
 
 
 class _Busy(Exception):
@@ -418,29 +445,51 @@ class SharedRoots:
     def _publication_path(self, root: Root, storage_uri: str, dest: Path) -> Path:
         return root.private / PUBLISHED_DIR / f"{token_for(f'{storage_uri}|{dest}')}.json"
 
-    def _adoptable(self, key: str, storage_uri: str, dest: Path, root: Root) -> Manifest | None:
-        """A peer's (or an earlier) publication of this target that can be taken as it is (saved as this key's
-        record if needed), or None."""
+    def _adoptable(
+        self, key: str, storage_uri: str, dest: Path, root: Root, owner: str
+    ) -> tuple[Manifest | None, bool]:
+        """(a record of this target that can be taken as it is, whether it must be saved as this key's record).
+
+        This key's own record when it is intact (the shared record already says so: the reconciler publishes
+        Ready from it), else a peer's (or an earlier) publication that :func:`check_publication` admits for
+        ``owner``; (None, False) when there is neither.
+        """
         current = self.manifests.load(key)
         if (
             current is not None
             and _names_target(current, storage_uri, dest)
             and current.files
             and not current.removing
+            and (not owner or not current.owner or current.owner == owner)
             and not current.fast_check()
         ):
-            return current  # the shared record already says so: the reconciler publishes Ready from it
+            return current, False
         try:
             data = self._publication_path(root, storage_uri, dest).read_bytes()
         except OSError:
-            return None
-        manifest, why = check_publication(data, storage_uri, dest)
+            return None, False
+        manifest, why = check_publication(data, storage_uri, dest, owner, current)
         if manifest is None:
             log.debug("publication not adoptable", key=key, why=why)
-            return None
+            return None, False
         manifest.key = key
-        self.manifests.save(manifest, root)
-        return manifest
+        return manifest, True
+
+    async def _adopt(self, key: str, storage_uri: str, dest: Path, root: Root, owner: str) -> Manifest | None:
+        """The adoptable record of this target (:meth:`_adoptable`), saved as this key's record under the
+        key's record guard (:meth:`record_turn`); None when there is none, or another node holds the guard."""
+        manifest, save = await asyncio.to_thread(self._adoptable, key, storage_uri, dest, root, owner)
+        if manifest is None or not save:
+            return manifest
+        try:
+            async with self.record_turn(key, dest):
+                again, _ = await asyncio.to_thread(self._adoptable, key, storage_uri, dest, root, owner)
+                if again is None:
+                    return None
+                await asyncio.to_thread(self.manifests.save, again, root)
+                return again
+        except Requeue:
+            return None  # a removal or restore of this key holds it: look again later
 
     def _publish(self, key: str, storage_uri: str, dest: Path, root: Root) -> None:
         manifest = self.manifests.load(key)
@@ -465,6 +514,7 @@ class SharedRoots:
         root: Root,
         fetch: Callable[[], Awaitable[None]],
         on_wait: Callable[[Progress], Awaitable[None]] | None = None,
+        owner: str = "",
     ) -> int:
         """Run ``fetch`` here only if this node is the one to fetch ``(storage_uri, dest)`` for the cluster.
 
@@ -476,6 +526,7 @@ class SharedRoots:
         Returns the bytes this node adopted without a transfer (the adopted manifest's size; 0 when it fetched
         itself): they are what another node fetched for it, counted as ``shared`` in the bytes-by-source metric,
         and ``job.progress`` then says so (:class:`~model_agent.sources.byte_sources.SourcedProgress`).
+        ``owner`` (the model's owner fingerprint): only a publication fetched for the same owner is adopted.
         """
         if not self.verdict(root, fresh=True).shared:
             await fetch()
@@ -483,13 +534,13 @@ class SharedRoots:
         lease = f"shared-fetch|{storage_uri}|{dest}"
         shown = False
         while True:
-            published = await asyncio.to_thread(self._adoptable, key, storage_uri, dest, root)
+            published = await self._adopt(key, storage_uri, dest, root, owner)
             if fetch_turn(True, published is not None, False) == FetchTurn.ADOPT and published is not None:
                 log.info("adopted a peer's publication without downloading", key=key, dest=str(dest))
                 return self._adopted(job, published)
             async with self._try_hold(lease) as holding:
                 if holding:  # a holder may have published between the look and the Lease
-                    published = await asyncio.to_thread(self._adoptable, key, storage_uri, dest, root)
+                    published = await self._adopt(key, storage_uri, dest, root, owner)
                 turn = fetch_turn(True, published is not None, holding)
                 if turn == FetchTurn.ADOPT and published is not None:
                     return self._adopted(job, published)
@@ -538,13 +589,76 @@ class SharedRoots:
             assert plan is not None
             yield plan
             return
-        async with self._try_hold(f"shared-trash|{key}") as holding:
+        async with self._try_hold(_record_lease(key)) as holding:
             fresh = await asyncio.to_thread(self.manifests.load, key) if holding else None
             ours = fresh is not None and (not uid or fresh.uid in (uid, ""))
             plan = removal_plan(True, True, holding, records_shared, ours)
             if plan is None:
                 raise Requeue("another node is moving the shared copy to the trash", 2.0)
             yield plan
+
+    @contextlib.asynccontextmanager
+    async def record_turn(self, key: str, dest: str | Path) -> AsyncIterator[None]:
+        """Hold the key's record guard (its trash Lease) while this node rewrites a record other nodes act on.
+
+        On a shared root whose records are shared (no ``--state-dir``), every writer that changes who a record
+        belongs to (a removal, a restore, READY adopting a re-created object's copy, the adoption of a
+        publication) holds the same Lease, so a removal's check and its move see one owner. A private root, or a
+        node's own ``--state-dir`` record: no Lease. Raises :class:`Requeue` while another node holds it.
+        """
+        shared, root = self.shared_for(dest, fresh=True)
+        if not shared or root.state is not None:
+            yield
+            return
+        async with self._try_hold(_record_lease(key)) as holding:
+            if not holding:
+                raise Requeue("another node is removing or restoring the shared copy", 1.0)
+            yield
+
+    def move_refused(self, key: str, record: Manifest, uids: set[str]) -> str:
+        """Why the files of ``record`` must not move now, or "" (called immediately before the rename).
+
+        A private root: "". A shared root: the key's record guard must still be this node's (fenced: a holder
+        whose renewals failed stops here), the record on disk must still be the one acted on (the UID confirmed
+        gone, the removal intent it wrote), what is at its destination must be the copy it describes (the fast
+        check), and no publication of another source may name that destination (a successor's copy, recorded
+        in another node's ``--state-dir``).
+        """
+        shared, root = self.shared_for(record.dest, fresh=True)
+        if not shared:
+            return ""
+        if not self._leases.holds(_record_lease(key)):
+            return "this node no longer holds the shared copy's guard"
+        current = self.manifests.load(key)
+        if current is None or (current.uid and current.uid not in uids) or not current.removing:
+            return "another node took the shared record over"
+        if (current.storage_uri, current.dest) != (record.storage_uri, record.dest):
+            return "the shared record now names another copy"
+        if current.fast_check():
+            return "the directory no longer holds the copy the record describes"
+        if self._published_elsewhere(root, record):
+            return "another source is published at this directory"
+        return ""
+
+    def _published_elsewhere(self, root: Root, record: Manifest) -> bool:
+        """Is a valid publication of another source at ``record.dest`` on ``root``?"""
+        directory = root.private / PUBLISHED_DIR
+        try:
+            names = [n for n in os.listdir(directory) if n.endswith(".json")]
+        except OSError:
+            return False
+        dest = Path(record.dest)
+        for name in names:
+            try:
+                data = (directory / name).read_bytes()
+                text = str(json_text.loads(data)["manifest"])
+                published = Manifest.from_json(text)
+            except (OSError, ValueError, KeyError, TypeError):
+                continue
+            elsewhere = Path(published.dest) == dest and published.storage_uri != record.storage_uri
+            if elsewhere and not published.removing and not published.fast_check():
+                return True
+        return False
 
     @contextlib.asynccontextmanager
     async def restore_turn(self, key: str, dest: Path) -> AsyncIterator[None]:
@@ -556,7 +670,7 @@ class SharedRoots:
         if not shared:
             yield
             return
-        async with self._try_hold(f"shared-trash|{key}") as holding:
+        async with self._try_hold(_record_lease(key)) as holding:
             if not holding:
                 raise Requeue("another node is restoring or removing the shared copy", 1.0)
             yield

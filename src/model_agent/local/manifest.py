@@ -87,6 +87,10 @@ class Manifest:
     # Who fetched these files (agent.ownership.Owner.fingerprint: namespace, URI, Secret name, parameters):
     # a trashed copy is restored only to its owner. "" in manifests written before it (own key only).
     owner: str = ""
+    # Files a re-hash found damaged -> the mtime they had then (``local.verify.mark_damaged``): a shared root's
+    # publication that still describes that very file is never adopted in place of a refetch. Empty once a
+    # fetch records the repaired files.
+    damaged: dict[str, int] = field(default_factory=dict)
 
     @property
     def total_bytes(self) -> int:

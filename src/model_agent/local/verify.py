@@ -68,7 +68,15 @@ def verify_manifest(
 
 
 def mark_damaged(manifest: Manifest, damaged: list[str]) -> Manifest:
-    """A copy of the manifest whose damaged files fail the fast check (and are not reused by a fetch)."""
+    """A copy of the manifest whose damaged files fail the fast check (and are not reused by a fetch).
+
+    The mtime each damaged file was recorded with is kept in ``damaged``: a publication of the same copy on a
+    shared root is then recognised as the damaged one (``agent.shared_root.check_publication``).
+    """
     bad = set(damaged)
+    marks = dict(manifest.damaged)
+    for f in manifest.files:
+        if f.path in bad and f.mtime_ns != -1:
+            marks[f.path] = f.mtime_ns
     files = [dataclasses.replace(f, mtime_ns=-1) if f.path in bad else f for f in manifest.files]
-    return dataclasses.replace(manifest, files=files)
+    return dataclasses.replace(manifest, files=files, damaged=marks)
