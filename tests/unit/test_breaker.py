@@ -335,3 +335,37 @@ def test_models_added_during_the_window_count(clock: FakeClock) -> None:
     assert act(breaker, "b", 10) == Verdict.ACT  # six models arrived meanwhile
     assert act(breaker, "c", 10) == Verdict.ACT  # 3 of 10
     assert not breaker.is_open
+
+
+def test_a_resume_for_one_node_of_a_shared_root_leaves_the_others_held(clock: FakeClock, tmp_path: Path) -> None:
+    """Two nodes read one private area (a shared root): ``trash resume --node node-1`` lifts node-1's hold only;
+    ``--all`` lifts both."""
+    from typer.testing import CliRunner
+
+    from model_agent.cli.trash import app
+    from model_agent.local.layout import Layout, resume_file
+
+    private = Layout(tmp_path).primary.private
+    breakers = {
+        name: Breaker(
+            settle_s=5.0,
+            window_s=600.0,
+            resume_file=resume_file(private, name),
+            fleet_resume_file=resume_file(private, None),
+            clock=clock,
+        )
+        for name in ("node-1", "node-2")
+    }
+    for breaker in breakers.values():
+        trip(breaker)
+    clock.advance(1.0)
+    runner = CliRunner()
+    refused = runner.invoke(app, ["resume", "--models-root-dir", str(tmp_path)], env={"NODE_NAME": ""})
+    assert refused.exit_code == 2  # no node named: nothing is resumed by accident
+    done = runner.invoke(app, ["resume", "--models-root-dir", str(tmp_path), "--node", "node-1"])
+    assert done.exit_code == 0 and "node node-1" in done.output
+    assert breakers["node-1"].decide("a", 4).verdict != Verdict.HELD
+    assert breakers["node-2"].decide("a", 4).verdict == Verdict.HELD
+    everyone = runner.invoke(app, ["resume", "--models-root-dir", str(tmp_path), "--all"])
+    assert everyone.exit_code == 0 and "every node" in everyone.output
+    assert breakers["node-2"].decide("a", 4).verdict != Verdict.HELD

@@ -13,6 +13,8 @@ import pytest
 
 from model_agent.agent.crash_record import (
     CRASH_LIMIT,
+    MAX_PROBATION_S,
+    PROBATION_S,
     Attempt,
     CrashRecords,
     Step,
@@ -27,37 +29,50 @@ SPEC = spec_of("uid-1", 3)
 KEY = "BaseModel/team-evil/bomb"
 
 
+NOW = 1_000_000.0
+
+
+def _crashed(crashes: int, ago: float) -> Attempt:
+    return Attempt(KEY, SPEC, crashes, crashed_at=NOW - ago)
+
+
 @pytest.mark.parametrize(
-    ("record", "spec", "quarantined"),
+    ("record", "spec", "quarantined", "retry_in"),
     [
-        (None, SPEC, False),  # never began a risky step
-        (Attempt(KEY, SPEC, 0), SPEC, False),
-        (Attempt(KEY, SPEC, CRASH_LIMIT - 1), SPEC, False),  # one more try
-        (Attempt(KEY, SPEC, CRASH_LIMIT), SPEC, True),
-        (Attempt(KEY, SPEC, CRASH_LIMIT + 5), SPEC, True),
-        (Attempt(KEY, SPEC, CRASH_LIMIT), spec_of("uid-1", 4), False),  # the spec changed: tried again
-        (Attempt(KEY, SPEC, CRASH_LIMIT), spec_of("uid-2", 3), False),  # deleted and created again
+        (None, SPEC, False, 0.0),  # never began a risky step
+        (Attempt(KEY, SPEC, 0), SPEC, False, 0.0),
+        (_crashed(CRASH_LIMIT - 1, 0), SPEC, False, 0.0),  # one more try
+        (_crashed(CRASH_LIMIT, 0), SPEC, True, PROBATION_S),
+        (_crashed(CRASH_LIMIT, PROBATION_S - 1), SPEC, True, 1.0),
+        (_crashed(CRASH_LIMIT, PROBATION_S), SPEC, False, 0.0),  # probation: tried again, alone of its spec
+        (_crashed(CRASH_LIMIT + 1, PROBATION_S), SPEC, True, PROBATION_S),  # died again: twice as long
+        (_crashed(CRASH_LIMIT + 5, 0), SPEC, True, 32 * PROBATION_S),
+        (_crashed(CRASH_LIMIT + 40, 0), SPEC, True, MAX_PROBATION_S),  # never longer than the cap
+        (_crashed(CRASH_LIMIT + 40, MAX_PROBATION_S), SPEC, False, 0.0),  # and never for good
+        (_crashed(CRASH_LIMIT, 0), spec_of("uid-1", 4), False, 0.0),  # the spec changed: tried again
+        (_crashed(CRASH_LIMIT, 0), spec_of("uid-2", 3), False, 0.0),  # deleted and created again
     ],
 )
-def test_judge(record: Attempt | None, spec: str, quarantined: bool) -> None:
-    verdict = judge(record, spec, CRASH_LIMIT, "listing")
+def test_judge(record: Attempt | None, spec: str, quarantined: bool, retry_in: float) -> None:
+    verdict = judge(record, spec, CRASH_LIMIT, "listing", NOW)
     assert verdict.quarantined is quarantined
+    assert verdict.retry_in_s == pytest.approx(retry_in)
     if quarantined:
-        assert "listing" in verdict.message and f"{CRASH_LIMIT} times" in verdict.message
-        assert "until its spec changes" in verdict.message
+        assert "listing" in verdict.message and "times" in verdict.message
+        assert "tried again in" in verdict.message
 
 
 @pytest.mark.parametrize(
-    ("record", "counted"),
+    ("record", "counted", "crashed_at"),
     [
-        (Attempt(KEY, SPEC, 0, ""), 0),  # closed: the process survived the step
-        (Attempt(KEY, SPEC, 0, "listing", 1.0), 1),  # left open: the process died during it
-        (Attempt(KEY, SPEC, 2, "metadata", 1.0), 3),
+        (Attempt(KEY, SPEC, 0, ""), 0, 0.0),  # closed: the process survived the step
+        (Attempt(KEY, SPEC, 0, "listing", 1.0), 1, NOW),  # left open: the process died during it
+        (Attempt(KEY, SPEC, 2, "metadata", 1.0, 5.0), 3, NOW),
     ],
 )
-def test_an_open_step_is_a_crash(record: Attempt, counted: int) -> None:
-    seen = crashes_seen(record)
-    assert (seen.crashes, seen.open_step) == (counted, "")
+def test_an_open_step_is_a_crash(record: Attempt, counted: int, crashed_at: float) -> None:
+    seen = crashes_seen(record, NOW)
+    assert (seen.crashes, seen.open_step, seen.crashed_at) == (counted, "", crashed_at)
 
 
 @pytest.mark.parametrize(
@@ -112,7 +127,8 @@ def test_finished_and_forget_drop_the_record(tmp_path: Path) -> None:
     directory = tmp_path / "attempts"
     CrashRecords(directory).begin(KEY, "uid-1", 3, Step.LISTING)
     agent = CrashRecords(directory)
-    assert agent.get(KEY) == Attempt(KEY, SPEC, 1)
+    record = agent.get(KEY)
+    assert record is not None and (record.crashes, record.open_step) == (1, "")
     agent.begin(KEY, "uid-1", 3, Step.METADATA)
     agent.end(KEY)
     assert json.loads(next(directory.glob("*.json")).read_text())["crashes"] == 1  # kept while unfinished
@@ -153,3 +169,35 @@ def test_a_record_of_the_wrong_shape_reads_as_absent(tmp_path: Path, text: str) 
     agent = CrashRecords(directory)
     assert agent.get(KEY) is None
     assert not agent.verdict(KEY, "uid-1", 3).quarantined
+
+
+def test_a_healthy_model_charged_with_three_deaths_comes_back_after_its_probation(tmp_path: Path) -> None:
+    """Three kills during its listing (a liveness probe, an OOM of another model, a drain): quarantined for the
+    probation, then its steps run again; completing them clears the record for good."""
+    directory = tmp_path / "attempts"
+    for _ in range(CRASH_LIMIT):
+        CrashRecords(directory).begin(KEY, "uid-1", 3, Step.LISTING)  # ... killed
+    agent = CrashRecords(directory)
+    verdict = agent.verdict(KEY, "uid-1", 3)
+    assert verdict.quarantined and 0 < verdict.retry_in_s <= PROBATION_S
+    record = agent.get(KEY)
+    assert record is not None
+    # The probation is over (the crash counted PROBATION_S ago, as a later process reads it from disk).
+    stamped = json.loads(next(directory.glob("*.json")).read_text())
+    stamped["crashed_at"] -= PROBATION_S + 1
+    next(directory.glob("*.json")).write_text(json.dumps(stamped))
+    later = CrashRecords(directory)
+    assert not later.verdict(KEY, "uid-1", 3).quarantined
+    later.begin(KEY, "uid-1", 3, Step.LISTING)
+    later.end(KEY)
+    later.finished(KEY)  # its manifest was saved: healthy
+    assert CrashRecords(directory).get(KEY) is None
+
+
+def test_a_temporary_record_left_by_a_kill_is_removed(tmp_path: Path) -> None:
+    directory = tmp_path / "attempts"
+    directory.mkdir()
+    leftover = directory / ".abc.json.node-1.77.tmp"
+    leftover.write_text("{")
+    assert CrashRecords(directory).get(KEY) is None
+    assert not leftover.exists()

@@ -24,7 +24,7 @@ from model_agent.agent.ownership import (
     restorable_by,
     restorable_to,
 )
-from model_agent.agent.reconciler import Context, Reconciler
+from model_agent.agent.reconciler import Context, Invalid, Reconciler
 from model_agent.local.layout import Layout, PathRefused
 from model_agent.local.manifest import FileRecord, Manifest, ManifestStore
 from model_agent.local.trash import Trash
@@ -530,3 +530,69 @@ async def test_ownership_is_checked_again_right_before_publish(tmp_path: Path) -
     assert "ClusterBaseModel//admin" in failure.message and "one owner per directory tree" in failure.message
     assert not dest.exists()  # nothing published into the admin's tree
     assert ctx.manifests.load(obj.ref.key) is None
+
+
+def _reconciler(layout: Layout, stores: dict[str, dict[str, Any]], shared_roots: Any = None) -> Reconciler:
+    ctx = Context(
+        client=None,  # type: ignore[arg-type]
+        node_name="n1",
+        namespace="ome",
+        layout=layout,
+        manifests=ManifestStore(layout),
+        trash=Trash(layout),
+        labels=_Recorder(),  # type: ignore[arg-type]
+        configmap=_Recorder(),  # type: ignore[arg-type]
+        fetcher=Fetcher(workers=1, on_done=lambda _key: None),
+        events=_Events(),  # type: ignore[arg-type]
+        metrics=Metrics(),
+        remover=None,  # type: ignore[arg-type]
+        hf=None,  # type: ignore[arg-type]
+        models_store=stores,
+        requeue_after=lambda _key, _delay: None,
+        shared_roots=shared_roots,
+    )
+    return Reconciler(ctx)
+
+
+def test_a_tenant_local_path_into_a_shared_artifact_is_refused_without_naming_it(tmp_path: Path) -> None:
+    """A tenant's ``local://`` straight into a ClusterBaseModel's ``_artifacts/<id>/<commit>`` (inside the root, so
+    the tenant rule alone admits it): refused whatever the CBM's claim says, and the reason names no snapshot."""
+    layout = Layout(tmp_path / "root")
+    layout.ensure()
+    snapshot = layout.primary.path / "models" / "_artifacts" / "meta-llama" / "Llama" / ("c" * 40)
+    snapshot.mkdir(parents=True)
+    tenant = raw_model("BaseModel", "steal", f"local://{snapshot}", None, "team-evil")
+    reconciler = _reconciler(layout, {"BaseModel": {"team-evil/steal": tenant}, "ClusterBaseModel": {}})
+    with pytest.raises(Invalid) as refused:
+        reconciler.target_of(ModelObject.from_dict("BaseModel", tenant))
+    assert refused.value.reason == "InvalidPath"
+    assert "meta-llama" not in refused.value.message and "c" * 40 not in refused.value.message
+    # An admin's local:// may still name one (cluster admins are trusted).
+    admin = raw_model("ClusterBaseModel", "pin", f"local://{snapshot}")
+    assert reconciler.target_of(ModelObject.from_dict("ClusterBaseModel", admin)).dest == snapshot
+
+
+class _SharedEverywhere:
+    """The shared-root verdict only (every root is shared with another node)."""
+
+    def verdict(self, _root: Any, *, fresh: bool = False) -> Any:
+        return type("Verdict", (), {"shared": True})()
+
+
+def test_on_a_shared_root_a_model_that_selects_other_nodes_still_owns_its_directory(tmp_path: Path) -> None:
+    """The ownership index counts every live model whose directory is on a shared root, not only the models that
+    select this node: a tenant's model selecting node A never takes a ClusterBaseModel's directory that only
+    node B's model selects (both nodes see the same files)."""
+    layout = Layout(tmp_path / "root")
+    layout.ensure()
+    dest = layout.primary.path / "llama"
+    admin = raw_model("ClusterBaseModel", "llama", "hf://meta/llama", str(dest), nodeSelector={"pool": "b"})
+    tenant = raw_model("BaseModel", "steal", "s3://evil/x", str(dest), "team-evil", nodeSelector={"pool": "a"})
+    tenant["metadata"]["creationTimestamp"] = "2026-06-01T00:00:00Z"  # the admin's came first
+    stores = {"BaseModel": {"team-evil/steal": tenant}, "ClusterBaseModel": {"llama": admin}}
+    private = _reconciler(layout, stores)  # a private root: the admin's model does not use this node
+    assert private.target_of(ModelObject.from_dict("BaseModel", tenant)).dest == dest
+    shared = _reconciler(layout, stores, _SharedEverywhere())
+    with pytest.raises(Invalid) as refused:
+        shared.target_of(ModelObject.from_dict("BaseModel", tenant))
+    assert refused.value.reason == "PathConflict" and "ClusterBaseModel//llama" in refused.value.message

@@ -329,6 +329,25 @@ async def test_completed_file_is_not_fetched_again(tmp_path: Path) -> None:
     assert again.digests["md5"] == digests(data)["md5"]
 
 
+async def test_a_complete_map_of_other_bytes_is_not_taken_for_the_expected_file(tmp_path: Path) -> None:
+    """Same path and size, another expected sha256 (a branch moved; fine-tuned weights keep their shapes): the
+    complete map left by the first fetch describes other bytes, so the file is fetched again and verified."""
+    first, second = os.urandom(700 * KiB), os.urandom(700 * KiB)
+    old_origin, new_origin = await origin_for(first), await origin_for(second)
+    try:
+        dl = engine(FAST)
+        await dl.download(old_origin.url, tmp_path / "f", Expected(len(first), {"sha256": digests(first)["sha256"]}))
+        again = await dl.download(
+            new_origin.url, tmp_path / "f", Expected(len(second), {"sha256": digests(second)["sha256"]})
+        )
+    finally:
+        await old_origin.stop()
+        await new_origin.stop()
+    assert again.fetched_bytes == len(second) and again.requests > 0
+    assert again.digests["sha256"] == digests(second)["sha256"]
+    assert (tmp_path / "f").read_bytes() == second
+
+
 async def test_small_file_is_one_plain_get(tmp_path: Path) -> None:
     data = b'{"architectures": ["X"]}'
     origin = await origin_for(data)

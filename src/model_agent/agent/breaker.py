@@ -9,8 +9,10 @@ the window each key counts once, pending or acted. When the window's removals re
 
 * the window has passed since it opened (then it closes, the pending set is forgotten, and every held
   removal must pass its confirmation and this count again — a CRD that stays deleted re-trips it), or
-* an operator resumes it (``model-agent trash resume``, which touches ``resume`` in the agent's private
-  area): removals confirmed during the following window are allowed.
+* an operator resumes it (``model-agent trash resume``, which touches ``resume.<node>`` in the agent's
+  private area; ``--all`` touches ``resume``, which every node reads): removals confirmed during the
+  following window are allowed. On a shared root the private area is every node's, so a resume names its
+  node: lifting one node's hold never lifts another's.
 
 The share is taken against the node's models at the start of the window (the count when the window's first
 removal appeared, or the current count if it grew since), not the manifests left after earlier removals of
@@ -55,7 +57,8 @@ class Breaker:
     minimum: int = 3
     window_s: float = 600.0
     settle_s: float = 5.0
-    resume_file: Path | None = None
+    resume_file: Path | None = None  # this node's (``resume.<node>``)
+    fleet_resume_file: Path | None = None  # every node's (``resume``: ``trash resume --all``)
     clock: Callable[[], float] = time.monotonic
     wall_clock: Callable[[], float] = time.time
     # key -> when its act happened (once per key per window)
@@ -96,12 +99,17 @@ class Breaker:
         self._check_resume(now)
 
     def _check_resume(self, now: float) -> None:
-        if self.resume_file is None:
+        stamps = []
+        for path in (self.resume_file, self.fleet_resume_file):
+            if path is None:
+                continue
+            try:
+                stamps.append(path.stat().st_mtime)
+            except OSError:
+                continue
+        if not stamps:
             return
-        try:
-            stamp = self.resume_file.stat().st_mtime
-        except OSError:
-            return
+        stamp = max(stamps)
         if stamp > self._resume_seen:
             self._resume_seen = stamp
             if self.wall_clock() - stamp < self.window_s:

@@ -15,15 +15,24 @@ Contract:
   during the step leaves the step open; the next process reads it as one crash (:func:`crashes_seen`);
 * the count belongs to one spec — the model's UID and ``metadata.generation`` — so a step that finished once
   does not wipe the crashes of the other step, and a model whose spec changes starts from zero;
-* :func:`judge` is the decision, a pure function of the record and the spec: with
-  :data:`CRASH_LIMIT` or more crashes of this spec the model is quarantined: ``Failed`` with reason
-  :data:`QUARANTINED`, an Event and a log line, and its steps are not run again until the spec changes
-  (or an operator deletes the record);
+* :func:`judge` is the decision, a pure function of the record, the spec and the time: with
+  :data:`CRASH_LIMIT` or more crashes of this spec the model is quarantined — ``Failed`` with reason
+  :data:`QUARANTINED`, an Event and a log line — for a probation period that starts when the last crash was
+  counted, :data:`PROBATION_S` doubled for each crash past the limit, at most :data:`MAX_PROBATION_S`. Then
+  its steps run once more: a model that completes is healthy again (its record is dropped); one that kills
+  the agent again waits twice as long. No quarantine is for good: a death the model did not cause (a
+  liveness-probe kill, an OOM caused by another model, a drain, a node losing power) can charge a healthy
+  model's open step, and such a model must come back by itself; a model that really kills the agent costs
+  each node one restart per probation period, a period that grows to hours. A spec change (or deleting the
+  record) starts from zero at once;
 * :meth:`CrashRecords.finished` drops the record once the model's processing completed (its manifest is
   saved), and :meth:`CrashRecords.forget` once nothing of the model is left on the node;
-* records are small JSON files under the primary root's records area (``attempts/``), written atomically
-  (temp file, fsync, rename, fsync of the directory) like manifests. A garbled record reads as absent: an
-  unreadable record must not quarantine anything.
+* records are small JSON files under the primary root's records area, one directory per node
+  (``attempts/<node>/``: on a shared root that area is every node's, and another node's open step is not this
+  node's crash), written atomically (temp file, fsync, rename, fsync of the directory) like manifests. This
+  process is the only writer of its directory: a temporary file a kill left between write and rename is
+  removed when the records are read. A garbled record reads as absent: an unreadable record must not
+  quarantine anything.
 
 Why :data:`CRASH_LIMIT` is 3, not 1: an unfinished step is not proof against the model. A SIGTERM closes the
 step (the fetch is cancelled and ``end`` runs), but the kernel's OOM killer picks the process, not the model
@@ -55,6 +64,10 @@ log = structlog.get_logger(__name__)
 
 CRASH_LIMIT = 3
 """Deaths of the agent during a step of one spec after which the model is quarantined (see the module doc)."""
+PROBATION_S = 60.0
+"""The first quarantine's length; each further crash of the same spec doubles it."""
+MAX_PROBATION_S = 6 * 3600.0
+"""The longest quarantine: a model that really kills the agent costs a node at most one restart per this."""
 QUARANTINED = Reason.QUARANTINED_AFTER_CRASH
 """The reason of a quarantined model's ``Failed`` entry and Warning Event."""
 
@@ -73,6 +86,7 @@ class Attempt:
     crashes: int = 0  # deaths of the agent during a step of this spec, counted when a process read them
     open_step: str = ""  # the step running now, or left running by a process that died during it
     started_at: float = 0.0  # when open_step began (wall clock, for the operator)
+    crashed_at: float = 0.0  # when the last crash was counted (wall clock): the probation starts there
 
 
 def spec_of(uid: str, generation: int) -> str:
@@ -80,39 +94,53 @@ def spec_of(uid: str, generation: int) -> str:
     return f"{uid}/{generation}"
 
 
-def crashes_seen(record: Attempt) -> Attempt:
-    """A record as a new process reads it: a step left open means the process that ran it died during it."""
+def crashes_seen(record: Attempt, now: float) -> Attempt:
+    """A record as a new process reads it (at ``now``): a step left open means the process that ran it died
+    during it."""
     if not record.open_step:
         return record
-    return Attempt(record.key, record.spec, record.crashes + 1, "", 0.0)
+    return Attempt(record.key, record.spec, record.crashes + 1, "", 0.0, now)
+
+
+def probation_s(crashes: int, limit: int = CRASH_LIMIT) -> float:
+    """How long a model with ``crashes`` (at least ``limit``) stays quarantined after its last crash."""
+    return min(MAX_PROBATION_S, PROBATION_S * 2.0 ** min(max(crashes - limit, 0), 32))
 
 
 @dataclass(frozen=True)
 class Verdict:
     quarantined: bool
     message: str = ""
+    retry_in_s: float = 0.0  # while quarantined: when the probation ends and the steps run once more
 
 
-def judge(record: Attempt | None, spec: str, limit: int = CRASH_LIMIT, last_step: str = "") -> Verdict:
-    """Whether a model with this record and this spec may run its risky steps (a pure decision).
+def judge(
+    record: Attempt | None, spec: str, limit: int = CRASH_LIMIT, last_step: str = "", now: float | None = None
+) -> Verdict:
+    """Whether a model with this record and this spec may run its risky steps at ``now`` (a pure decision).
 
     ``record`` is as this process knows it (open steps of dead processes already counted, :func:`crashes_seen`);
     ``last_step`` names, for the message, the step the agent last died in.
     """
     if record is None or record.spec != spec or record.crashes < limit:
         return Verdict(False)
+    remaining = record.crashed_at + probation_s(record.crashes, limit) - (time.time() if now is None else now)
+    if remaining <= 0:
+        return Verdict(False)  # probation: the steps run again; completing them clears the record
     return Verdict(
         True,
-        f"the agent died {record.crashes} times while processing this model (last step: {last_step or 'unknown'}) and "
-        f"does not try again: a model on which the agent died {limit} times is quarantined until its spec "
-        "changes (edit the model, or delete it and create it again)",
+        f"the agent died {record.crashes} times while processing this model (last step: {last_step or 'unknown'}); "
+        f"it is tried again in {remaining:.0f} s, and each further death doubles the wait (edit the model, or delete "
+        "it and create it again, to try at once)",
+        remaining,
     )
 
 
 def begun(record: Attempt | None, key: str, spec: str, step: Step, now: float) -> Attempt:
     """The record to write when ``step`` begins: the crashes of the same spec carried, another spec's dropped."""
-    crashes = record.crashes if record is not None and record.spec == spec else 0
-    return Attempt(key, spec, crashes, step.value, now)
+    same = record is not None and record.spec == spec
+    crashes, crashed_at = (record.crashes, record.crashed_at) if same and record is not None else (0, 0.0)
+    return Attempt(key, spec, crashes, step.value, now, crashed_at)
 
 
 class CrashRecords:
@@ -134,6 +162,11 @@ class CrashRecords:
     def _loaded(self) -> dict[str, Attempt]:
         if self._records is None:
             records: dict[str, Attempt] = {}
+            now = time.time()
+            if self.directory.is_dir():  # a kill between a write and its rename left these (this node's only)
+                for leftover in self.directory.glob(".*.tmp"):
+                    with contextlib.suppress(OSError):
+                        leftover.unlink()
             for path in sorted(self.directory.glob("*.json")) if self.directory.is_dir() else []:
                 try:
                     raw = json_text.loads(path.read_text())
@@ -143,6 +176,7 @@ class CrashRecords:
                         int(raw.get("crashes", 0)),
                         str(raw.get("open_step", "")),
                         float(raw.get("started_at", 0.0)),
+                        float(raw.get("crashed_at", 0.0)),
                     )
                 # OverflowError: int(1e999) or float(10**400).
                 except (OSError, ValueError, TypeError, KeyError, AttributeError, OverflowError) as exc:
@@ -157,7 +191,10 @@ class CrashRecords:
                         limit=self.limit,
                     )
                     self._last_step[record.key] = record.open_step
-                records[record.key] = crashes_seen(record)
+                records[record.key] = seen = crashes_seen(record, now)
+                if seen is not record:  # counted now: written back, so the probation starts at this crash
+                    with contextlib.suppress(OSError):
+                        self._write(seen)
             self._records = records
         return self._records
 
@@ -168,7 +205,7 @@ class CrashRecords:
     def verdict(self, key: str, uid: str, generation: int) -> Verdict:
         with self._lock:
             record = self._loaded().get(key)
-            return judge(record, spec_of(uid, generation), self.limit, self._last_step.get(key, ""))
+            return judge(record, spec_of(uid, generation), self.limit, self._last_step.get(key, ""), time.time())
 
     def begin(self, key: str, uid: str, generation: int, step: Step) -> None:
         with self._lock:
@@ -184,7 +221,7 @@ class CrashRecords:
             record = records.get(key)
             if record is None or not record.open_step:
                 return
-            closed = Attempt(record.key, record.spec, record.crashes)
+            closed = Attempt(record.key, record.spec, record.crashes, crashed_at=record.crashed_at)
             if closed.crashes:
                 self._write(closed)
                 records[key] = closed

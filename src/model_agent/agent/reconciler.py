@@ -188,6 +188,10 @@ class Reconciler:
                 path = Path(os.path.realpath(self.ctx.layout.check_local(raw_path, tenant=tenant)))
             except PathRefused as exc:
                 raise Invalid("InvalidPath", str(exc)) from None
+            if tenant and (ARTIFACTS_DIR in Path(raw_path).parts or ARTIFACTS_DIR in path.parts):
+                # Shared artifacts are fetched for their owners; a tenant reads none of them in place (the reason
+                # names no snapshot: it tells the tenant nothing about what is there).
+                raise Invalid("InvalidPath", f"a namespaced model's local:// path may not lie in {ARTIFACTS_DIR}/")
             conflict = self._older_claim(obj, uri, raw_path, path)
             if conflict is not None:
                 raise Invalid("PathConflict", f"local path {conflict}")
@@ -233,12 +237,16 @@ class Reconciler:
         )
 
         def live_here(claim: Claim) -> bool:
+            """Does the claim's model use this node's view of its directory: it selects this node, or the directory
+            is on a shared root (every node sharing the root sees that model's files, whichever it selects)."""
             try:
                 ref = ModelRef.from_key(claim.key)
                 other = ModelObject.from_dict(ref.kind, self.cached_object(ref))
             except (ValueError, InvalidModel):
                 return False
-            return node_selected(other.spec.storage, self.node_labels(), self.ctx.node_name)
+            if node_selected(other.spec.storage, self.node_labels(), self.ctx.node_name):
+                return True
+            return self._on_shared_root(claim.paths)
 
         def holds(claim: Claim) -> bool:  # its manifest records this directory: it has published here
             manifest = self.ctx.manifests.load(claim.key)
@@ -246,6 +254,20 @@ class Reconciler:
 
         conflict = find_conflict(mine, cache.index(self.ctx.models_store), live_here=live_here, holds=holds)
         return conflict.message if conflict is not None else None
+
+    def _on_shared_root(self, paths: tuple[str, ...]) -> bool:
+        """Is any of ``paths`` inside an allowed root that is shared with other nodes?"""
+        shared = self.ctx.shared_roots
+        if shared is None:
+            return False
+        for path in paths:
+            try:
+                root = self.ctx.layout.root_of(Path(path))
+            except PathRefused:
+                continue
+            if shared.verdict(root).shared:
+                return True
+        return False
 
     # ------------------------------------------------------------------------------------- the loop body
 
@@ -273,8 +295,9 @@ class Reconciler:
             await self._fail(ref, raw, exc.reason, exc.message)
             return
         crashed = self.crash_records.verdict(ref.key, obj.metadata.uid, obj.metadata.generation)
-        if crashed.quarantined:  # the agent died on this spec's steps before: not again (agent/crash_record.py)
+        if crashed.quarantined:  # the agent died on this spec's steps before: not until probation (crash_record.py)
             await self._fail(ref, raw, QUARANTINED, crashed.message)
+            self.ctx.requeue_after(ref.key, crashed.retry_in_s)
             return
         await self._converge(ref, obj, raw, target, manifest)
 
@@ -283,7 +306,10 @@ class Reconciler:
         """Durable attempt records of the risky steps (made on first use, next to the manifests)."""
         records: CrashRecords | None = self.__dict__.get("_crash_records")
         if records is None:
-            records = CrashRecords(self.ctx.layout.primary.manifests.parent / "attempts")
+            # One directory per node: on a shared root the records area is every node's (agent/crash_record.py).
+            records = CrashRecords(
+                self.ctx.layout.primary.manifests.parent / "attempts" / token_for(self.ctx.node_name)
+            )
             self.__dict__["_crash_records"] = records
         return records
 

@@ -38,7 +38,7 @@ from model_agent.kube.resources import BASEMODELS, CLUSTERBASEMODELS, CONFIGMAPS
 from model_agent.kube.workqueue import WorkQueue
 from model_agent.local import capacity
 from model_agent.local.capacity import DiskReserve
-from model_agent.local.layout import Layout
+from model_agent.local.layout import Layout, resume_file
 from model_agent.local.manifest import ManifestStore
 from model_agent.local.trash import Trash
 from model_agent.model.keys import ModelKind
@@ -137,7 +137,8 @@ class Wiring:
             minimum=settings.delete_breaker_min,
             window_s=settings.delete_breaker_window_s,
             settle_s=settings.delete_settle_s,
-            resume_file=self.layout.primary.private / "resume",
+            resume_file=resume_file(self.layout.primary.private, node),
+            fleet_resume_file=resume_file(self.layout.primary.private, None),
         )
         self.breaker.on_change = alerts.on_breaker_change
         self.confirmer = Confirmer(

@@ -19,7 +19,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from model_agent.local.layout import Layout
+from model_agent.local.layout import Layout, resume_file
 from model_agent.local.trash import Trash, TrashEntry
 
 app = typer.Typer(help="Inspect and manage quarantined weights and the delete breaker.", no_args_is_help=True)
@@ -107,10 +107,26 @@ def purge(
 
 
 @app.command()
-def resume(root: Root = Path("/mnt/models")) -> None:
-    """Release a tripped delete breaker: removals confirmed within the next window may proceed."""
+def resume(
+    root: Root = Path("/mnt/models"),
+    node: Annotated[
+        str, typer.Option("--node", envvar="NODE_NAME", help="The node whose breaker to release (default: NODE_NAME).")
+    ] = "",
+    all_nodes: Annotated[
+        bool, typer.Option("--all", help="Release the breaker of every node using this models root.")
+    ] = False,
+) -> None:
+    """Release a tripped delete breaker: removals confirmed within the next window may proceed.
+
+    One node's (``--node``, or the NODE_NAME of the agent's pod) unless ``--all``: on a shared root every node
+    reads the same private area, and a resume meant for one node must not lift the others' holds.
+    """
+    if not node and not all_nodes:
+        typer.echo("error: name the node (--node or NODE_NAME), or --all for every node of this root", err=True)
+        raise typer.Exit(code=2)
     layout = Layout(root)
     layout.primary.private.mkdir(parents=True, exist_ok=True)
-    marker = layout.primary.private / "resume"
+    marker = resume_file(layout.primary.private, None if all_nodes else node)
     marker.write_text(str(time.time()))
-    typer.echo(f"breaker resume requested ({marker}); the agent acts on it within a second")
+    scope = "every node of this root" if all_nodes else f"node {node}"
+    typer.echo(f"breaker resume requested for {scope} ({marker}); the agent acts on it within a second")

@@ -147,6 +147,15 @@ def check_roots(models_root: Path, extra_roots: list[Path] | None = None) -> Non
             )
 
 
+def resume_file(private: Path, node: str | None) -> Path:
+    """The delete breaker's resume marker in a root's private area: ``resume.<node>`` for one node's breaker,
+    ``resume`` (``node`` None) for every node's. A node name that is not a plain DNS name is hashed."""
+    if node is None:
+        return private / "resume"
+    plain = node.replace(".", "").replace("-", "").isalnum() and node.isascii() and len(node) <= 253
+    return private / f"resume.{node if plain else token_for(node)}"
+
+
 def check_state_dir(state: Path, roots: list[Path]) -> None:
     """Raise :class:`RootsRefused` for a ``--state-dir`` inside a root (models could be written over it)."""
     for root in roots:

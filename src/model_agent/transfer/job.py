@@ -196,10 +196,14 @@ class Job:
             except FileNotFoundError:
                 usable = False
         if usable and old is not None and old.complete:
-            if all(alg in old.digests for alg in self.algorithms):
+            # A complete map is the file's digests as hashed when it was written: usable only when they are the
+            # ones expected now (the same path and size may hold another revision's bytes).
+            expected = {alg: digest.lower() for alg, digest in self.expected.checksums.items()}
+            same = all(old.digests.get(alg, "").lower() == digest for alg, digest in expected.items())
+            if same and all(alg in old.digests for alg in self.algorithms):
                 self.state = old
                 return True
-            usable = False  # complete, but without a digest we now need: fetch again
+            usable = False  # complete, but of other bytes or without a digest we now need: fetch again
         if usable and old is not None:
             self.state = old
             self.recorded = old.copy()
