@@ -14,6 +14,7 @@ import json
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pytest
 from aiohttp import web
@@ -248,3 +249,91 @@ async def test_a_flipped_byte_in_a_small_file_is_caught_and_not_kept(
     assert err.value.reason == "VerificationFailed"
     assert "config.json" in str(err.value)
     assert not (req.staging / "config.json").exists()
+
+
+# ------------------------------------------------------------------------------------------ shared resolve records
+
+
+def _forged_record(cache: Any, api: Any, uri: str, commit: str, path: str, data: bytes) -> None:
+    """What a stolen node token can PATCH: a resolve record listing the attacker's bytes for ``path``."""
+    import time
+
+    name = cache.name(uri)
+    listed = [{"path": path, "size": len(data), "sha256": hashlib.sha256(data).hexdigest(), "git_sha1": None}]
+    api.leases[name] = {
+        "metadata": {"name": name, "resourceVersion": "1"},
+        "data": {"uri": uri, "commit": commit, "files": json.dumps(listed), "at": str(time.time())},
+    }
+
+
+async def test_a_forged_resolve_record_never_makes_a_node_publish_bytes_from_a_rogue_peer(
+    fakes: tuple[Fakes, dict[str, bytes]], tmp_path: Path
+) -> None:
+    """A record any node can write names the attacker's sha256 for ``model.safetensors``, and a rogue holder serves
+    bytes matching it. The node confirms the record with the hub (its own tree listing), takes the hub's digests,
+    and publishes the hub's bytes; the rogue's bytes match no digest it asks for, and the record is rewritten."""
+    from model_agent.agent.resolve_cache import ResolveCache
+    from model_agent.peers.bans import Bans
+    from model_agent.peers.fetch import PeerFetcher
+    from model_agent.sources.egress import CLUSTER_KIND, Owner
+    from tests.unit.test_peers_fetch import FakeDirectory, peer
+    from tests.unit.test_shared_root import LeaseApi
+
+    f, files = fakes
+    evil = b"attacker-chosen weights " * 4000
+    uri = f"hf://{REPO}@{COMMIT}"
+    api = LeaseApi()
+    cache = ResolveCache(api, "ome")  # type: ignore[arg-type]
+    _forged_record(cache, api, uri, COMMIT, "model.safetensors", evil)
+    async with peer(tmp_path / "rogue", evil) as rogue:
+        peers = PeerFetcher(FakeDirectory([rogue]), Bans(60), lambda: "tok", ranged=RangedConfig(part_size=64 * KiB))  # type: ignore[arg-type]
+        hf = HuggingFaceSource(f.hub_url, resolve_cache=cache, peers=peers, ranged=RangedConfig(part_size=128 * KiB))
+        request = FetchRequest(
+            storage_uri=uri,
+            dest=tmp_path / "dest",
+            staging=tmp_path / "staging",
+            previous=None,
+            owner=Owner(CLUSTER_KIND),
+        )
+        result = await hf.fetch(request)
+    by_path = {r.path: r for r in result.files}
+    assert set(by_path) == set(files)  # the hub's listing, not the record's one file
+    assert by_path["model.safetensors"].sha256 == hashlib.sha256(files["model.safetensors"]).hexdigest()
+    assert (request.staging / "model.safetensors").read_bytes() == files["model.safetensors"]
+    assert any("/tree/" in s.path for s in f.hub)  # the node asked the hub itself
+    record = json.loads(api.leases[cache.name(uri)]["data"]["files"])
+    assert {r["path"] for r in record} == set(files)  # the forged record is replaced by the hub's answer
+
+
+async def test_a_record_for_a_pinned_revision_is_used_as_it_is_only_for_origin_bytes_of_that_commit(
+    fakes: tuple[Fakes, dict[str, bytes]], tmp_path: Path
+) -> None:
+    """No peers, the record names the pinned commit: no hub listing, and a forged digest can only fail the
+    verification of the origin's own bytes (nothing foreign is published)."""
+    from model_agent.agent.resolve_cache import ResolveCache
+    from tests.unit.test_shared_root import LeaseApi
+
+    f, files = fakes
+    uri = f"hf://{REPO}@{COMMIT}"
+    api = LeaseApi()
+    cache = ResolveCache(api, "ome")  # type: ignore[arg-type]
+    _forged_record(cache, api, uri, COMMIT, "model.safetensors", b"x" * len(files["model.safetensors"]))
+    hf = HuggingFaceSource(f.hub_url, resolve_cache=cache, ranged=RangedConfig(part_size=128 * KiB))
+    request = FetchRequest(storage_uri=uri, dest=tmp_path / "dest", staging=tmp_path / "staging", previous=None)
+    with pytest.raises(SourceError) as failed:
+        await hf.fetch(request)
+    assert failed.value.reason == "VerificationFailed"
+    assert not any("/tree/" in s.path or "/revision/" in s.path for s in f.hub)
+
+
+@pytest.mark.parametrize(
+    ("revision", "recorded", "peers", "confirm"),
+    [
+        (COMMIT, COMMIT, False, False),  # pinned, origin bytes only: the record as it is
+        (COMMIT, COMMIT, True, True),  # bytes may come from peers: only digests from the hub itself
+        (COMMIT, "f" * 40, False, True),  # the record names another commit than the one pinned
+        ("main", COMMIT, False, True),  # a branch: the record's commit could be any commit of the repo
+    ],
+)
+def test_record_needs_confirming(revision: str, recorded: str, peers: bool, confirm: bool) -> None:
+    assert hf_module.record_needs_confirming(revision, recorded, peers) is confirm

@@ -257,7 +257,7 @@ def _doc(manifest: Manifest, **changes: Any) -> str:
 
 class LeaseApi:
     """Objects in memory by name (Leases, and the ConfigMaps of resolve records): GET, POST (409 if it exists), PUT
-    (409 on a stale resourceVersion); a LIST and a WATCH of one name (``fieldSelector=metadata.name=...``), what a
+    (409 on a stale resourceVersion), a merge PATCH of ``data``; a LIST and a WATCH of one name (``fieldSelector=metadata.name=...``), what a
     reflector with a field selector asks; ``lists``/``watches`` count them."""
 
     def __init__(self) -> None:
@@ -293,6 +293,10 @@ class LeaseApi:
                 raise ApiError(409, {"reason": "Conflict"}, method, path)
             self.puts.append(body["spec"].get("holderIdentity", ""))
             return self._store(name, body)
+        if method == "PATCH":  # a merge patch of a ConfigMap's data (a resolve record rewritten)
+            merged = json.loads(json.dumps(current))
+            merged.setdefault("data", {}).update(body.get("data") or {})
+            return self._store(name, merged)
         raise AssertionError(method)
 
     async def watch_lines(self, _path: str, *, query: dict[str, Any], **_kw: Any) -> AsyncIterator[dict[str, Any]]:

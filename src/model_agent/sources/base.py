@@ -132,8 +132,12 @@ class ResolveRecords(Protocol):
     """Where a source finds (or leaves) a revision already resolved by another node of the cluster.
 
     ``resolve(uri, revision, compute)`` returns ``(commit, files)``: a record when one exists, else the
-    result of ``compute()`` — called by one node of the cluster at a time — which is then recorded.
+    result of ``compute()`` — called by one node of the cluster at a time — which is then recorded. A record is
+    any node's word: ``put`` replaces one a node found the hub disagreeing with.
     """
+
+    async def put(self, uri: str, commit: str, files: list[dict[str, Any]]) -> None:
+        """Record an answer for the other nodes (a failed write is logged, never raised)."""
 
     async def resolve(
         self,

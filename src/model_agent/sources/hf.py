@@ -35,6 +35,14 @@ from about 0.05 s to 0.5 s; docs/performance.md). Meanwhile this node relays eac
 (:mod:`model_agent.peers.relay`), whether from peers or the origin, in parts of the peers' relay part size. The hub
 token never goes to a peer, the peer token never to the hub.
 
+A resolve record shared through the API server (:mod:`model_agent.agent.resolve_cache`) can be written by any
+node's agent, so it is a hint, never what bytes are trusted against. A record is used as it is only where its lie
+could cost a failed verification and nothing more: a pinned revision (the record's commit must be that revision)
+whose files all come from the origin, which serves that commit's own bytes. Where bytes may come from peers, or the
+revision is a branch or tag (the record's commit could name another commit of the repository), this node confirms
+the record with its own listing from the hub (one tree call per revision for a pinned commit, plus the revision
+lookup for a branch) and uses its own answer when the two differ (a warning, and the record is rewritten).
+
 ``HF_ENDPOINT`` (or an explicit endpoint) selects the hub or a mirror: the admin's, never a tenant's. Tokens are
 resolved by the caller (:mod:`model_agent.agent.credentials`: the platform ``HF_TOKEN`` only for trusted models),
 and ``token=False`` is passed when there is none, so huggingface_hub never falls back to ``HF_TOKEN`` itself.
@@ -54,6 +62,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urljoin, urlsplit
+
+import structlog
 
 from model_agent.local.capacity import REGISTRY, Reservation, is_disk_full
 from model_agent.local.manifest import FileRecord, file_digest
@@ -88,6 +98,8 @@ MAX_PARALLEL_FILES = FILES_AT_ONCE  # as the object stores (sources/base.py says
 RELAY_ORIGIN_CONCURRENCY = 2  # requests at once per relayed file from the origin (see _download)
 METADATA_TIMEOUT_S = 30.0
 LOCATION_RENEW_S = 600.0  # CDN URLs are signed for about an hour; look the location up again well before
+
+log = structlog.get_logger(__name__)
 
 
 @dataclass(frozen=True)
@@ -188,8 +200,13 @@ class HuggingFaceSource:
         from huggingface_hub.hf_api import RepoFile
 
         api = HfApi(endpoint=self.endpoint, token=token or False)
-        info = api.model_info(repo, revision=revision, timeout=METADATA_TIMEOUT_S)
-        commit = info.sha or revision
+        if is_commit(revision):
+            commit = revision  # already a commit: the tree listing alone (an unknown one answers 404 there)
+        else:
+            self.api_calls += 1
+            info = api.model_info(repo, revision=revision, timeout=METADATA_TIMEOUT_S)
+            commit = info.sha or revision
+        self.api_calls += 1
         files: list[RemoteFile] = []
         for item in api.list_repo_tree(repo, revision=commit, recursive=True):
             if not isinstance(item, RepoFile):
@@ -206,6 +223,8 @@ class HuggingFaceSource:
         progress = SourcedProgress(phase="scanning")  # counts where the bytes come from (the entry shows it)
         request.on_progress(progress)
 
+        resolved_here: list[bool] = []
+
         async def resolve() -> tuple[str, list[dict[str, Any]]]:
             try:
                 commit, found = await asyncio.to_thread(self._resolve, repo, revision, token)
@@ -213,11 +232,14 @@ class HuggingFaceSource:
                 raise
             except Exception as exc:
                 raise _classify(exc, repo, revision) from exc
-            self.api_calls += 2
+            resolved_here.append(True)
             return commit, [dataclasses.asdict(f) for f in found]
 
         if self.resolve_cache is not None:
             commit, listed = await self.resolve_cache.resolve(request.storage_uri, revision, resolve)
+            peered = self.peers is not None and takes_from_peers(request.storage_uri, request.owner)
+            if not resolved_here and record_needs_confirming(revision, commit, peered):
+                commit, listed = await self._confirmed(request.storage_uri, revision, (commit, listed), resolve)
         else:
             commit, listed = await resolve()
         remote_files = [RemoteFile(**f) for f in listed]
@@ -382,6 +404,27 @@ class HuggingFaceSource:
 
                 return await gather_or_cancel(one(r) for r in largest_first(files))
 
+    async def _confirmed(
+        self,
+        uri: str,
+        revision: str,
+        recorded: tuple[str, list[dict[str, Any]]],
+        resolve: Callable[[], Any],
+    ) -> tuple[str, list[dict[str, Any]]]:
+        """This node's own answer from the hub for a record it may not take on trust (see the module doc)."""
+        own: tuple[str, list[dict[str, Any]]] = await resolve()
+        if own != recorded:
+            log.warning(
+                "a resolve record disagrees with the hub; using the hub's listing",
+                uri=uri,
+                revision=revision,
+                recorded_commit=recorded[0],
+                hub_commit=own[0],
+            )
+            assert self.resolve_cache is not None
+            await self.resolve_cache.put(uri, *own)
+        return own
+
     @contextlib.asynccontextmanager
     async def _peer_session(self) -> AsyncIterator[RangedDownloader | None]:
         """The peers' own engine session (quick to give up on a peer), or None without peers."""
@@ -404,6 +447,19 @@ class HuggingFaceSource:
             got = await engine.download(_Location(self, where, token), *args, **kwargs)
         self.on_origin_bytes(got.fetched_bytes)
         return got
+
+
+def is_commit(revision: str) -> bool:
+    """Is ``revision`` a full commit id (40 hex digits), rather than a branch or tag?"""
+    return len(revision) == 40 and all(c in "0123456789abcdef" for c in revision)
+
+
+def record_needs_confirming(revision: str, recorded_commit: str, from_peers: bool) -> bool:
+    """Must a node confirm a shared resolve record with the hub before fetching (see the module doc)?
+
+    No only for a pinned revision whose record names that very commit and whose bytes all come from the origin.
+    """
+    return from_peers or not is_commit(revision) or recorded_commit != revision
 
 
 def _resolve_url(repo: str, path: str, commit: str, endpoint: str) -> str:
