@@ -257,8 +257,9 @@ def _doc(manifest: Manifest, **changes: Any) -> str:
 
 class LeaseApi:
     """Objects in memory by name (Leases, and the ConfigMaps of resolve records): GET, POST (409 if it exists), PUT
-    (409 on a stale resourceVersion), a merge PATCH of ``data``; a LIST and a WATCH of one name (``fieldSelector=metadata.name=...``), what a
-    reflector with a field selector asks; ``lists``/``watches`` count them."""
+    (409 on a stale resourceVersion), a merge PATCH of ``data``; a LIST and a WATCH of one name
+    (``fieldSelector=metadata.name=...``), what a reflector with a field selector asks; ``lists``/``watches`` count
+    them."""
 
     def __init__(self) -> None:
         self.leases: dict[str, dict[str, Any]] = {}
