@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +24,13 @@ from model_agent.agent.fetcher import Fetcher
 from model_agent.agent.origin_slots import OriginSlots
 from model_agent.agent.removal import Candidate, RemovalContext, Remover
 from model_agent.agent.requeue import Requeue
-from model_agent.agent.shared_root import SharedRoots, check_publication, publication_bytes
+from model_agent.agent.shared_root import (
+    SHARED_STAGING_IDLE_S,
+    SharedRoots,
+    check_publication,
+    publication_bytes,
+    staging_discardable,
+)
 from model_agent.local.layout import Layout
 from model_agent.local.manifest import FileRecord, Manifest, ManifestStore
 from model_agent.local.node_markers import write_marker
@@ -440,3 +447,39 @@ def _lease_name(source: str) -> str:
     from model_agent.agent.origin_slots import lease_names
 
     return lease_names(source, 1)[0]
+
+
+# ------------------------------------------------------------------------------------------ staging
+
+
+@pytest.mark.parametrize(
+    ("shared", "idle", "discardable"),
+    [
+        (False, 0.0, True),  # a private root's staging is this node's: no job of its own, nobody's
+        (True, 0.0, False),  # a shared root: another node may be fetching into it right now
+        (True, SHARED_STAGING_IDLE_S - 1, False),
+        (True, SHARED_STAGING_IDLE_S, True),  # untouched for many Lease periods: a dead fetch's leftovers
+    ],
+)
+def test_staging_discardable(shared: bool, idle: float, discardable: bool) -> None:
+    assert staging_discardable(shared, idle) is discardable
+
+
+async def test_another_nodes_running_fetch_staging_is_left_alone_and_an_idle_one_goes(tmp_path: Path) -> None:
+    """M1: node-1 fetches into the shared staging; node-2 has no job of its own for it. Every path that discards
+    staging (READY's clean-up, the inventory, a removal) asks this rule: the live area stays, a long-idle one goes."""
+    api = LeaseApi()
+    node(api, tmp_path, "n1")
+    two, _ = node(api, tmp_path, "n2")
+    root = two._layout.primary
+    live = root.staging / "tok-live"
+    (live / ".cache").mkdir(parents=True)
+    (live / ".cache" / "w.bin.parts").write_bytes(b"{}")  # node-1's part map, written seconds ago
+    old = root.staging / "tok-old"
+    old.mkdir(parents=True)
+    (old / "w.bin").write_bytes(b"x")
+    long_ago = time.time() - SHARED_STAGING_IDLE_S - 60
+    for path in (old / "w.bin", old):
+        os.utime(path, (long_ago, long_ago))
+    assert not await asyncio.to_thread(two.may_discard_staging, root, live)
+    assert await asyncio.to_thread(two.may_discard_staging, root, old)

@@ -79,6 +79,8 @@ class Maintenance:
         known = keys | self._cached_keys()
         keep = {token_for(k) for k in known} | {token_for(j.key) for j in self.w.fetcher.jobs()}
         for root, stale in stale_staging(layout, keep):
+            if not await asyncio.to_thread(self.w.shared_roots.may_discard_staging, root, stale):
+                continue  # a shared root: this node knows only its own jobs; another node may be writing there
             if discard(root, stale) is not None:
                 log.info("stale staging area removed", path=str(stale))
         await asyncio.to_thread(delete_discarded, layout)  # these, and whatever a kill left mid-delete

@@ -484,14 +484,20 @@ class Reconciler:
     async def _clean_staging(self, ref: ModelRef) -> None:
         """Remove this key's staging: no job of the wanted target uses it (an obsolete or deferred fetch's copy).
 
-        Staging is the agent's scratch space, never a model's published weights. As the inventory does, the area
+        Staging is the agent's scratch space, never a model's published weights. On a shared root only an idle area
+        goes (:func:`~model_agent.agent.shared_root.staging_discardable`). As the inventory does, the area
         is renamed out of ``staging/`` at once (a fetch starting a moment later finds no half-deleted directory)
         and deleted in a thread.
         """
         discarded = False
+        shared = self.ctx.shared_roots
         for root in self.ctx.layout.roots:
             staging = root.staging / token_for(ref.key)
-            if staging.exists() and discard(root, staging) is not None:
+            if not staging.exists():
+                continue
+            if shared is not None and not await asyncio.to_thread(shared.may_discard_staging, root, staging):
+                continue  # a shared root: another node's fetch may be writing into it
+            if discard(root, staging) is not None:
                 log.info("removed staging no fetch owns", key=ref.key, staging=str(staging))
                 discarded = True
         if discarded:

@@ -36,7 +36,6 @@ import asyncio
 import contextlib
 import dataclasses
 import os
-import shutil
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -53,6 +52,7 @@ from model_agent.agent.shared_root import FULL, RemovalPlan, SharedRoots, confir
 from model_agent.kube import objects
 from model_agent.kube.client import ApiError, ApiUnavailable
 from model_agent.kube.resources import NODES
+from model_agent.local.inventory import delete_discarded, discard
 from model_agent.local.layout import Layout, PathRefused, token_for
 from model_agent.local.manifest import Manifest
 from model_agent.model.keys import RESERVE_MODEL_ARTIFACT_LABEL
@@ -347,8 +347,17 @@ class Remover:
             log.info("weights quarantined", key=manifest.key, dest=manifest.dest, trash=str(entry.directory))
 
     def _remove_staging(self, key: str) -> None:
+        """Discard the key's staging (a rename out of ``staging/``, deleted after): on a shared root only an idle
+        area, since another node may be fetching into it for a re-created object."""
+        shared = self.ctx.shared_roots
         for root in self.ctx.layout.roots:
-            shutil.rmtree(root.staging / token_for(key), ignore_errors=True)
+            staging = root.staging / token_for(key)
+            if not staging.exists():
+                continue
+            if shared is not None and not shared.may_discard_staging(root, staging):
+                continue
+            discard(root, staging)
+        delete_discarded(self.ctx.layout)
 
     async def _act(self, candidate: Candidate, confirmation: Confirmation, plan: RemovalPlan = FULL) -> None:
         ctx = self.ctx

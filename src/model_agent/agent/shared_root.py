@@ -61,6 +61,7 @@ from model_agent.agent.confirm import Outcome
 from model_agent.agent.origin_slots import OriginSlots
 from model_agent.agent.requeue import Requeue
 from model_agent.kube.client import KubeClient
+from model_agent.local.inventory import idle_s
 from model_agent.local.layout import Layout, Root, token_for
 from model_agent.local.manifest import Manifest, ManifestStore, fsync_dir, write_atomic
 from model_agent.local.node_markers import (
@@ -88,6 +89,8 @@ VERIFIED_DIR = "verified"
 VERIFY_FRESH_SHARE = 0.8
 # A waiting node looks for the publication (a file read) and tries the Lease this often, jittered.
 WAIT_POLL_S = 1.0
+# A shared root's staging area untouched this long has no live fetch on any node (staging_discardable).
+SHARED_STAGING_IDLE_S = 1800.0
 
 
 class FetchTurn(StrEnum):
@@ -183,6 +186,16 @@ def confirmed_gone(outcome: Outcome, live: dict[str, Any] | None, manifest: Mani
         if storage.get("storageUri") == manifest.storage_uri and same_dir:
             return False
     return True
+
+
+def staging_discardable(shared: bool, idle_s: float) -> bool:
+    """May this node discard a staging area no job of its own uses (``idle_s``: nothing written into it since)?
+
+    A private root's staging is this node's alone. On a shared root another node may be fetching into it (its
+    fetch Lease, not this node's jobs, says who writes there): only an area idle for
+    :data:`SHARED_STAGING_IDLE_S` — many Lease periods without a write — is left by a dead or gone fetch.
+    """
+    return not shared or idle_s >= SHARED_STAGING_IDLE_S
 
 
 def purge_allowed(shared: bool, holds_lease: bool) -> bool:
@@ -396,6 +409,11 @@ class SharedRoots:
         """(is the root of ``dest`` shared, that root); the primary root when ``dest`` is unknown."""
         root = self._layout.record_root(Path(dest)) if dest else self._layout.primary
         return self.verdict(root, fresh=fresh).shared, root
+
+    def may_discard_staging(self, root: Root, staging: Path) -> bool:
+        """:func:`staging_discardable` for one staging area on ``root`` (walks it on a shared root: a thread)."""
+        shared = self.verdict(root, fresh=True).shared
+        return staging_discardable(shared, idle_s(staging, time.time()) if shared else 0.0)
 
     def peers_record(self, manifest: Manifest | None, alive: bool) -> bool:
         """Is ``manifest`` a shared record of a live model that this node no longer serves (the peers' record)?

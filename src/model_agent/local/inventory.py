@@ -7,14 +7,17 @@ by another tool, or by an older agent. They show in ``model-agent status`` and t
 
 :func:`stale_staging` lists staging areas that belong to no known model and no running download (left by a
 kill during a fetch of a model that has since gone): staging is the agent's own scratch space, so those are
-safe to delete. The caller decides on the event loop, from facts of that instant, and :func:`discard` moves
-each one out of ``staging/`` at once (one rename: a download starting a moment later finds no half-deleted
-directory under its name); the slow delete of what was moved (:func:`delete_discarded`, also whatever a kill
-left there) runs in a thread. Everything here but :func:`discard` walks or deletes trees: call it off the loop.
+safe to delete. On a shared root the staging areas are every node's, and this node knows only its own jobs: an
+area there is discarded only once :func:`idle_s` says no node has written into it for a long while. The caller
+decides on the event loop, from facts of that instant, and :func:`discard` moves each one out of ``staging/`` at
+once (one rename: a download starting a moment later finds no half-deleted directory under its name); the slow
+delete of what was moved (:func:`delete_discarded`, also whatever a kill left there) runs in a thread.
+Everything here but :func:`discard` walks or deletes trees: call it off the loop.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import uuid
@@ -63,6 +66,24 @@ def stale_staging(layout: Layout, keep_tokens: set[str]) -> list[tuple[Root, Pat
             continue
         stale.extend((root, p) for p in sorted(root.staging.iterdir()) if p.name not in keep_tokens)
     return stale
+
+
+def idle_s(path: Path, now: float) -> float:
+    """How long nothing in the tree at ``path`` changed (its newest mtime); 0 for what cannot be read or is gone.
+
+    A running fetch writes its files and part maps every few seconds, so a staging area idle for much longer than
+    a fetch Lease has no live writer on any node.
+    """
+    newest = 0.0
+    try:
+        newest = path.stat().st_mtime
+        for directory, _dirs, files in os.walk(path):
+            for name in [*files, *_dirs]:
+                with contextlib.suppress(OSError):
+                    newest = max(newest, os.lstat(os.path.join(directory, name)).st_mtime)
+    except OSError:
+        return 0.0
+    return max(0.0, now - newest)
 
 
 def discard(root: Root, staging: Path) -> Path | None:
