@@ -202,8 +202,9 @@ def fsync_dir(path: Path) -> None:
 
 def write_atomic(path: Path, data: bytes) -> None:
     """Replace ``path`` with ``data`` so a reader (or a restart) sees the old bytes or the new, never a mix."""
-    # The host name too: on a models root shared by many nodes, each node's agent may well be pid 1.
-    tmp = path.with_name(f".{path.name}.{socket.gethostname()}.{os.getpid()}.tmp")
+    # The host name too: on a models root shared by many nodes, each node's agent may well be pid 1; and the
+    # thread, since two worker threads of one agent may write one record at once (the last rename wins whole).
+    tmp = path.with_name(f".{path.name}.{socket.gethostname()}.{os.getpid()}.{threading.get_ident()}.tmp")
     with tmp.open("wb") as fh:
         fh.write(data)
         fh.flush()
