@@ -5,11 +5,12 @@ sequences nobody wrote down, and checks the fleet's promises after each step. hy
 :class:`~hypothesis.stateful.RuleBasedStateMachine` chooses the steps, shrinks a failing sequence to a short one and
 prints it (with ``@reproduce_failure`` and the seed to replay it).
 
-What is real: each node's :class:`~model_agent.agent.reconciler.Reconciler`, :class:`~model_agent.agent.removal.Remover`,
-:class:`~model_agent.agent.shared_root.SharedRoots`, :class:`~model_agent.local.manifest.ManifestStore`,
-:class:`~model_agent.local.trash.Trash`, :class:`~model_agent.agent.fetcher.Fetcher`, the breaker, ``publish`` and
-the artifact code, over real directories: each node has a private primary root of its own and the one shared root as
-an allowed root (so both the mixed layout and the shared one are exercised), optionally a ``--state-dir`` of its own.
+What is real: each node's :class:`~model_agent.agent.reconciler.Reconciler`,
+:class:`~model_agent.agent.removal.Remover`, :class:`~model_agent.agent.shared_root.SharedRoots`,
+:class:`~model_agent.local.manifest.ManifestStore`, :class:`~model_agent.local.trash.Trash`,
+:class:`~model_agent.agent.fetcher.Fetcher`, the breaker, ``publish`` and the artifact code, over real
+directories: each node has a private primary root of its own and the one shared root as an allowed root (so both
+the mixed layout and the shared one are exercised), optionally a ``--state-dir`` of its own.
 What is a fake, because the real thing cannot run in a unit test: the API server (:class:`SimApi`: model objects, the
 Node, Leases; per node it can be cut off), the node's label and entry writers (they record what the node shows), and
 the origin (:class:`SimSource`: a model's bytes are a function of its URI, so any file can be checked against the
@@ -232,7 +233,7 @@ class SimNode:
                 hf=SimSource(),  # type: ignore[arg-type]
                 models_store=stores,
                 requeue_after=lambda key, _delay: self.requeued.add(key),
-                sources={StorageType.S3: SimSource()},  # type: ignore[dict-item]
+                sources={StorageType.S3: SimSource()},
                 shared_roots=self.shared,
             )
         )
