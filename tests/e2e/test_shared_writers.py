@@ -1,0 +1,121 @@
+"""Shared state has one writer per act, end to end: the shared-root scenarios of the safety review.
+
+Two agents (subprocesses, one Node each) against the real API server and the olah mirror, sharing one directory:
+
+* a node whose selection stops matching a ``ReuseIfExists`` model keeps the shared link: a reader going through
+  ``spec.storage.path`` on the other node never misses the weights, and that node stays Ready (the link is shared
+  state like the files; only a removal that may move the files removes it);
+* a private primary root per node and one shared ``--allowed-root``: a deselected node drops its label and entry
+  only; the live model's weights stay where the other node serves them, and nothing goes to the trash.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+from pathlib import Path
+
+import pytest
+
+from model_agent.model.keys import configmap_key, node_label_key
+from testbed.models import tiny_llama
+from testbed.servers.olah import OlahServer, create_model_repo
+from tests.e2e.conftest import AgentFactory
+from tests.support.kube import Kube, cbm
+from tests.support.waiting import eventually
+
+pytestmark = pytest.mark.e2e
+
+CBM = "ClusterBaseModel"
+
+
+async def wait_label(kube: Kube, node: str, name: str, value: str | None, timeout: float = 120) -> None:
+    label = node_label_key(CBM, "", name)
+
+    async def there() -> bool:
+        return (await kube.node_labels(node)).get(label) == value
+
+    await eventually(there, timeout=timeout, what=f"{node}: {name} label {value}")
+
+
+def trash_entries(root: Path) -> list[Path]:
+    trash = root / ".model-agent" / "trash"
+    return sorted(trash.iterdir()) if trash.is_dir() else []
+
+
+async def test_a_deselected_node_keeps_the_shared_artifact_link_the_other_node_serves_through(
+    kube: Kube, olah: OlahServer, mirrors_root: Path, make_agent: AgentFactory, unique: str, tmp_path: Path
+) -> None:
+    files = tiny_llama(53)
+    repo = f"acme/linked-{unique}"
+    commit = await asyncio.to_thread(create_model_repo, mirrors_root, repo, files)
+    shared = tmp_path / "shared-models"
+    group = {"shared-link-test": unique}
+    one = await make_agent(models_root=shared, labels=group)
+    two = await make_agent(models_root=shared, labels=group)
+    name = f"linked-{unique}"
+    link = shared / "m"
+    await kube.apply(cbm(name, f"hf://{repo}@{commit}", str(link), nodeSelector=group, downloadPolicy="ReuseIfExists"))
+    await asyncio.gather(wait_label(kube, one.node, name, "Ready"), wait_label(kube, two.node, name, "Ready"))
+    assert link.is_symlink()
+    misses: list[str] = []
+    reads = [0]
+    stop = threading.Event()
+
+    def reader() -> None:  # a pod on node two, opening the model through its path the whole time
+        while not stop.is_set():
+            try:
+                (link / "config.json").read_bytes()
+            except OSError as exc:
+                misses.append(str(exc))
+            reads[0] += 1
+            stop.wait(0.002)
+
+    thread = threading.Thread(target=reader, daemon=True)
+    thread.start()
+    try:
+        await kube.label_node(one.node, {"shared-link-test": None})  # node one is no longer selected
+        await wait_label(kube, one.node, name, None)
+
+        async def read_on() -> bool:  # the reader keeps going well past node one's removal
+            return reads[0] > 500
+
+        await eventually(read_on, timeout=60, what="reads through the link after the deselection")
+    finally:
+        stop.set()
+        thread.join(10)
+    assert misses == [], misses[:3]
+    assert link.is_symlink() and (link / "config.json").read_bytes() == files["config.json"]
+    assert (await kube.node_labels(two.node)).get(node_label_key(CBM, "", name)) == "Ready"
+    assert trash_entries(shared) == []
+    await kube.delete_model(CBM, name)
+
+
+async def test_a_deselected_node_never_moves_a_live_models_weights_on_a_shared_allowed_root(
+    kube: Kube, olah: OlahServer, mirrors_root: Path, make_agent: AgentFactory, unique: str, tmp_path: Path
+) -> None:
+    files = tiny_llama(59)
+    repo = f"acme/mixed-{unique}"
+    await asyncio.to_thread(create_model_repo, mirrors_root, repo, files)
+    nfs = tmp_path / "nfs-models"  # shared by both nodes; each node's primary root is its own local disk
+    group = {"mixed-roots-test": unique}
+    args = ("--allowed-root", str(nfs))
+    one = await make_agent(labels=group, args=args)
+    two = await make_agent(labels=group, args=args)
+    name = f"mixed-{unique}"
+    dest = nfs / "m"
+    await kube.apply(cbm(name, f"hf://{repo}", str(dest), nodeSelector=group))
+    await asyncio.gather(wait_label(kube, one.node, name, "Ready"), wait_label(kube, two.node, name, "Ready"))
+    await kube.label_node(one.node, {"mixed-roots-test": None})
+    await wait_label(kube, one.node, name, None)
+
+    async def settled() -> bool:  # node one's removal has run its course: its entry is gone too
+        return await kube.entry(one.node, configmap_key(CBM, "", name)) is None
+
+    await eventually(settled, timeout=60, what="node one's entry removed")
+    assert {p: (dest / p).read_bytes() for p in files} == files
+    assert trash_entries(nfs) == [] and trash_entries(one.models_root) == []
+    assert (await kube.node_labels(two.node)).get(node_label_key(CBM, "", name)) == "Ready"
+    assert any(os.scandir(nfs / ".model-agent" / "manifests"))  # the shared record stays for node two
+    await kube.delete_model(CBM, name)
