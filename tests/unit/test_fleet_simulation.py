@@ -32,6 +32,7 @@ Bounded for CI (``SIM_EXAMPLES``, ``SIM_STEPS``); ``MODEL_AGENT_SIM_PROFILE=long
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import hashlib
 import json
 import os
@@ -74,12 +75,29 @@ LONG = os.environ.get("MODEL_AGENT_SIM_PROFILE") == "long"
 SIM_EXAMPLES = 400 if LONG else 40
 SIM_STEPS = 60 if LONG else 25
 QUIET_S = 10.0  # every step has this deadline: a step that cannot end is a failure, not a hang
-JOB_WAIT_S = 0.3  # how long a settling node waits for its fetch jobs in one round
+JOB_WAIT_TURNS = 400  # how many event-loop turns a settling node waits for its fetch jobs in one round
 
 
 def content(uri: str, path: str) -> bytes:
     """The origin's bytes of one file of a source: any file on disk can be traced to the source it came from."""
     return hashlib.sha256(f"{uri}|{path}".encode()).digest() * 8
+
+
+class InlineExecutor(concurrent.futures.ThreadPoolExecutor):
+    """The event loop's default executor in the simulation: "thread" work runs at once, on the loop.
+
+    Real threads would make the interleavings depend on the OS scheduler, and a failing sequence could not be
+    replayed. Inline, every interleaving is one of the event loop's, chosen by the steps: the same seed gives the
+    same run. (Each call still ends before the next await, as the agent's own thread work does for its caller.)
+    """
+
+    def submit(self, fn: Any, /, *args: Any, **kwargs: Any) -> concurrent.futures.Future[Any]:
+        future: concurrent.futures.Future[Any] = concurrent.futures.Future()
+        try:
+            future.set_result(fn(*args, **kwargs))
+        except BaseException as exc:  # handed to the awaiting coroutine, as a thread's would be
+            future.set_exception(exc)
+        return future
 
 
 class SimSource:
@@ -192,7 +210,7 @@ class SimNode:
         self.layout = Layout(self.private_root, [self.shared_root], state_dir=self.state_dir)
         self.layout.ensure()
         self.manifests = ManifestStore(self.layout)
-        self.shared = SharedRoots(client, "ome", self.name, self.layout, self.manifests, lease_s=30, poll_s=0.005)  # type: ignore[arg-type]
+        self.shared = SharedRoots(client, "ome", self.name, self.layout, self.manifests, lease_s=30, poll_s=0.0)  # type: ignore[arg-type]
         self.shared.mark()
         self.fetcher = Fetcher(workers=2, on_done=self.requeued.add)
         trash = Trash(self.layout)
@@ -303,6 +321,7 @@ class FleetSimulation(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
         self.loop = asyncio.new_event_loop()
+        self.loop.set_default_executor(InlineExecutor())
         self.tmp = Path(tempfile.mkdtemp(prefix="fleet-sim-"))
         self.api = SimApi()
         self.nodes: dict[str, SimNode] = {}
@@ -457,14 +476,14 @@ class FleetSimulation(RuleBasedStateMachine):
         """Reconcile every key until the node has nothing left to do (jobs finished, no requeue), or a few rounds
         have passed: a job may wait on another node or on an API it is cut off from, and the next steps go on
         while it waits (it runs beside them, as on a real node)."""
-        loop = asyncio.get_running_loop()
         for _ in range(4):
             sim.requeued.clear()
             for key in KEYS:
                 await sim.reconcile(key)
-            until = loop.time() + JOB_WAIT_S
-            while any(True for _ in sim.fetcher.jobs()) and loop.time() < until:
-                await asyncio.sleep(0.002)
+            for _ in range(JOB_WAIT_TURNS):  # counted in event-loop turns, not time: replayable
+                if not any(True for _ in sim.fetcher.jobs()):
+                    break
+                await asyncio.sleep(0)
             if not sim.requeued:
                 return
 
