@@ -41,6 +41,7 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 
+from model_agent.agent.crash_record import PROBATION_S
 from model_agent.kube.resources import EVENTS
 from model_agent.model.keys import configmap_key, node_label_key
 from testbed.agent_process import AgentProcess
@@ -533,6 +534,7 @@ class FakeTenantStore:
 
     * ``endless-*``: a ListObjectsV2 that never ends (every page holds 1,000 keys and a new continuation token);
     * ``hang-*``: a listing that is accepted and not answered until :attr:`released` (then 403 AccessDenied);
+    * ``gated-*`` (a bucket in ``files``): its listing is answered only once :attr:`released`, then normally;
     * ``trickle-*``: one 1 MiB object whose body trickles one byte every 0.4 s;
     * a bucket in ``files``: those objects, served whole or by ``Range`` (ETag = MD5, as S3 does);
     * anything else: 403 AccessDenied.
@@ -595,6 +597,8 @@ class FakeTenantStore:
                     store.released.wait(120)
                     self._send(403, b"<Error><Code>AccessDenied</Code><Message>no</Message></Error>")
                     return
+                if bucket.startswith("gated-"):  # a healthy store that is slow to list until released
+                    store.released.wait(120)
                 if bucket.startswith("endless-"):
                     page = int(token)
                     keys = [(f"m/{page:06d}-{i:04d}", 1, "0" * 32) for i in range(1000)]
@@ -880,6 +884,44 @@ async def test_failing_models_of_one_namespace_fill_only_their_share(
     assert await victims.snapshot(kube, agent) == victims.before
     assert peak_rss(agent) < chart_memory_limit()
     assert agent.alive()
+
+
+async def test_three_kills_during_a_healthy_models_listing_leave_it_ready_once_the_agent_runs_undisturbed(
+    kube: Kube, make_agent: AgentFactory, tenant_store: FakeTenantStore, unique: str
+) -> None:
+    """SIGKILLs that the model did not cause (a liveness-probe kill, an OOM of something else, a drain) three
+    times within a second of start-up, each while the healthy model's listing is open: the crash guard charges
+    it and quarantines it, but only on probation. Once the agent runs undisturbed the model is tried again and
+    Ready, without anyone editing it."""
+    u = unique
+    await kube.ensure_namespace(EVIL)
+    bucket = f"gated-{u}"
+    tenant_store.files[bucket] = {"m/config.json": b'{"architectures": ["LlamaForCausalLM"]}', "m/w.bin": b"w" * 4096}
+    agent = await make_agent(args=store_args(tenant_store))
+    model = tenant_s3(f"healthy-{u}", bucket, tenant_store, agent.models_root)
+    await kube.apply(model)
+    for death in range(1, 4):
+
+        async def listing_started(n: int = death) -> bool:
+            assert agent.alive(), agent.tail()
+            return tenant_store.listings(bucket) >= n
+
+        await eventually(listing_started, timeout=30, what=f"listing {death} under way")
+        await asyncio.to_thread(agent.kill)
+        agent.start()
+        await asyncio.to_thread(agent.wait_ready)
+    tenant_store.released.set()  # from now on the store answers, and nothing kills the agent
+    entry = await wait_failed(kube, agent, model, "QuarantinedAfterCrash")
+    assert "tried again in" in entry["reason"], entry
+    label = node_label_key("BaseModel", EVIL, model["metadata"]["name"])
+
+    async def ready() -> bool:
+        assert agent.alive(), agent.tail()
+        return (await kube.node_labels(agent.node)).get(label) == "Ready"
+
+    await eventually(ready, timeout=PROBATION_S + 60, what="Ready after the probation, with no edit")
+    assert (agent.models_root / EVIL / model["metadata"]["name"] / "w.bin").read_bytes() == b"w" * 4096
+    await asyncio.to_thread(agent.stop, 30.0)
 
 
 async def test_an_agent_killed_during_a_listing_does_not_loop(
