@@ -596,3 +596,28 @@ def test_on_a_shared_root_a_model_that_selects_other_nodes_still_owns_its_direct
     with pytest.raises(Invalid) as refused:
         shared.target_of(ModelObject.from_dict("BaseModel", tenant))
     assert refused.value.reason == "PathConflict" and "ClusterBaseModel//llama" in refused.value.message
+
+
+class _ShapeSource:
+    rules = SourceRules(shape_filter=True)
+
+
+def test_a_shape_filtered_model_is_refused_on_a_shared_root_and_kept_on_a_private_one(tmp_path: Path) -> None:
+    """TensorRT-LLM serving models take the files of this node's shape; the target's identity (source and path) does
+    not name the shape, so on a shared root a node of another shape would serve these files: refused, clearly."""
+    layout = Layout(tmp_path / "root")
+    layout.ensure()
+    dest = layout.primary.path / "trt"
+    obj = raw_model("ClusterBaseModel", "trt", "oci://n/ns/b/bucket/o/engines", str(dest))
+    obj["spec"]["modelFormat"] = {"name": "tensorrtllm"}
+    stores: dict[str, dict[str, Any]] = {"BaseModel": {}, "ClusterBaseModel": {"trt": obj}}
+    for shared, refused in ((None, False), (_SharedEverywhere(), True)):
+        reconciler = _reconciler(layout, stores, shared)
+        reconciler.ctx.sources = {StorageType.OCI: _ShapeSource()}  # type: ignore[dict-item]
+        reconciler.ctx.labels.values["node.kubernetes.io/instance-type"] = "BM.GPU.A10.4"  # type: ignore[attr-defined]
+        if not refused:
+            assert reconciler.target_of(ModelObject.from_dict("ClusterBaseModel", obj)).dest == dest
+            continue
+        with pytest.raises(Invalid) as caught:
+            reconciler.target_of(ModelObject.from_dict("ClusterBaseModel", obj))
+        assert caught.value.reason == "PathRefused" and "shape" in caught.value.message

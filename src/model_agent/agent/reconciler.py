@@ -211,7 +211,22 @@ class Reconciler:
                 raise Invalid("PathConflict", f"spec.storage.path {conflict}")
             if shared is not None:
                 return Target(shared.identity.pinned_uri, shared.parent, root, stype, link=shared.link)
+            if self._shape_filtered_on_shared_root(obj, stype, root):
+                raise Invalid(
+                    "PathRefused",
+                    f"{dest} is on a models root shared with other nodes, and this TensorRT-LLM serving model's files "
+                    "are chosen by each node's shape: nodes of other shapes would serve this node's files. Give it a "
+                    "path on a root only this node uses",
+                )
         return Target(uri, dest, root, stype)
+
+    def _shape_filtered_on_shared_root(self, obj: ModelObject, stype: StorageType, root: Root) -> bool:
+        """Does ``obj`` fetch files by this node's shape (the target identity does not name it) onto a shared root?"""
+        shared = self.ctx.shared_roots
+        source = self.ctx.sources.get(stype)
+        if shared is None or source is None or not source.rules.shape_filter or not self._shape_filter(obj):
+            return False
+        return shared.verdict(root).shared
 
     def _older_claim(self, obj: ModelObject, uri: str, raw_path: str, dest: Path) -> str | None:
         """Why a live model of another owner that came first keeps this one out of ``dest``, or None.
