@@ -483,3 +483,22 @@ async def test_another_nodes_running_fetch_staging_is_left_alone_and_an_idle_one
         os.utime(path, (long_ago, long_ago))
     assert not await asyncio.to_thread(two.may_discard_staging, root, live)
     assert await asyncio.to_thread(two.may_discard_staging, root, old)
+
+
+def test_the_breaker_counts_this_nodes_models_on_a_shared_root_not_the_fleets_records(tmp_path: Path) -> None:
+    """L2: 100 records on the shared root (the fleet's), 4 models labelled on this node: the breaker's denominator
+    is 4, so this node's mass deselection (3 of its 4) is held, whatever the fleet holds."""
+    layout = Layout(tmp_path / "root")
+    layout.ensure()
+    manifests = ManifestStore(layout)
+    for i in range(100):
+        manifests.save(
+            Manifest(f"ClusterBaseModel//m{i}", f"u{i}", URI, str(layout.primary.path / f"m{i}")), layout.primary
+        )
+    private, _ = _remover(layout, manifests, _client(None), _shared(layout, manifests), [])
+    assert private._model_count() == 100  # a private root: this node's records are its models
+    write_marker(layout.primary.private, "node-2")
+    remover, labels = _remover(layout, manifests, _client(None), _shared(layout, manifests), [])
+    labels.values.update({f"models.ome.io/clusterbasemodel.m{i}": "Ready" for i in range(10, 13)})
+    assert len(labels.model_labels()) == 4
+    assert remover._model_count() == 4

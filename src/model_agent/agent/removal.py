@@ -269,6 +269,12 @@ class Remover:
             raise Requeue(f"settling before {what} is retired" if what else "settling", decision.delay_s)
 
     def _model_count(self) -> int:
+        """The breaker's denominator: this node's models. On a shared root the records are the fleet's (every node
+        writes them), so there the node's own model labels count: a node's mass deselection is a large share of
+        its own models, however many the fleet has."""
+        shared = self.ctx.shared_roots
+        if shared is not None and shared.any_shared():
+            return len(self.ctx.labels.model_labels())
         return self.ctx.manifests.count()
 
     def _ref_for_event(self, ref: ModelRef, candidate: Candidate, confirmation: Confirmation) -> ObjectRef:

@@ -405,6 +405,10 @@ class SharedRoots:
             state.verdict, state.checked = verdict, now
         return state.verdict
 
+    def any_shared(self) -> bool:
+        """Is any of this node's roots shared with other nodes (the verdicts as last read)?"""
+        return any(self.verdict(root).shared for root in self._layout.roots)
+
     def shared_for(self, dest: str | Path | None, *, fresh: bool = False) -> tuple[bool, Root]:
         """(is the root of ``dest`` shared, that root); the primary root when ``dest`` is unknown."""
         root = self._layout.record_root(Path(dest)) if dest else self._layout.primary
