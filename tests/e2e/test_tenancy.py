@@ -886,6 +886,20 @@ async def test_failing_models_of_one_namespace_fill_only_their_share(
     assert agent.alive()
 
 
+async def kill_during_listings(agent: AgentProcess, store: FakeTenantStore, bucket: str, times: int) -> None:
+    """SIGKILL the agent ``times`` times, each while a listing of ``bucket`` is open, and start it again."""
+    for death in range(1, times + 1):
+
+        async def listing_started(n: int = death) -> bool:
+            assert agent.alive(), agent.tail()
+            return store.listings(bucket) >= n
+
+        await eventually(listing_started, timeout=30, what=f"listing {death} under way")
+        await asyncio.to_thread(agent.kill)
+        agent.start()
+        await asyncio.to_thread(agent.wait_ready)
+
+
 async def test_three_kills_during_a_healthy_models_listing_leave_it_ready_once_the_agent_runs_undisturbed(
     kube: Kube, make_agent: AgentFactory, tenant_store: FakeTenantStore, unique: str
 ) -> None:
@@ -900,16 +914,7 @@ async def test_three_kills_during_a_healthy_models_listing_leave_it_ready_once_t
     agent = await make_agent(args=store_args(tenant_store))
     model = tenant_s3(f"healthy-{u}", bucket, tenant_store, agent.models_root)
     await kube.apply(model)
-    for death in range(1, 4):
-
-        async def listing_started(n: int = death) -> bool:
-            assert agent.alive(), agent.tail()
-            return tenant_store.listings(bucket) >= n
-
-        await eventually(listing_started, timeout=30, what=f"listing {death} under way")
-        await asyncio.to_thread(agent.kill)
-        agent.start()
-        await asyncio.to_thread(agent.wait_ready)
+    await kill_during_listings(agent, tenant_store, bucket, 3)
     tenant_store.released.set()  # from now on the store answers, and nothing kills the agent
     entry = await wait_failed(kube, agent, model, "QuarantinedAfterCrash")
     assert "tried again in" in entry["reason"], entry
@@ -941,16 +946,7 @@ async def test_an_agent_killed_during_a_listing_does_not_loop(
     model = tenant_s3(f"evil-hang-{u}", f"hang-{u}", tenant_store, root)
     bucket = f"hang-{u}"
     await kube.apply(model)
-    for death in range(1, 4):
-
-        async def listing_started(n: int = death) -> bool:
-            assert agent.alive(), agent.tail()
-            return tenant_store.listings(bucket) >= n
-
-        await eventually(listing_started, timeout=30, what=f"listing {death} under way")
-        await asyncio.to_thread(agent.kill)
-        agent.start()
-        await asyncio.to_thread(agent.wait_ready)
+    await kill_during_listings(agent, tenant_store, bucket, 3)
     entry = await wait_failed(kube, agent, model, "QuarantinedAfterCrash")
     assert "3 times" in entry["reason"] and "listing" in entry["reason"], entry
     assert "QuarantinedAfterCrash" in await eventually(

@@ -216,18 +216,22 @@ class SimNode:
         trash = Trash(self.layout)
         stores = {"ClusterBaseModel": _Store(self.api, False), "BaseModel": _Store(self.api, True)}
         metrics = Metrics()
+        # The node's parts (NodeParts), the same for the remover and the reconciler.
+        parts: dict[str, Any] = {
+            "client": client,
+            "node_name": self.name,
+            "layout": self.layout,
+            "manifests": self.manifests,
+            "trash": trash,
+            "labels": self.labels,
+            "configmap": self.entries,
+            "fetcher": self.fetcher,
+            "events": _Events(),
+            "metrics": metrics,
+        }
         self.remover = Remover(
             RemovalContext(
-                client=client,  # type: ignore[arg-type]
-                node_name=self.name,
-                layout=self.layout,
-                manifests=self.manifests,
-                trash=trash,
-                labels=self.labels,  # type: ignore[arg-type]
-                configmap=self.entries,  # type: ignore[arg-type]
-                fetcher=self.fetcher,
-                events=_Events(),  # type: ignore[arg-type]
-                metrics=metrics,
+                **parts,
                 breaker=Breaker(settle_s=0, minimum=10**6),
                 cached_models=lambda: list(self.api.models.values()),
                 confirm_deadline_s=1.0,
@@ -236,16 +240,7 @@ class SimNode:
         )
         self.reconciler = Reconciler(
             Context(
-                client=client,  # type: ignore[arg-type]
-                node_name=self.name,
-                layout=self.layout,
-                manifests=self.manifests,
-                trash=trash,
-                labels=self.labels,  # type: ignore[arg-type]
-                configmap=self.entries,  # type: ignore[arg-type]
-                fetcher=self.fetcher,
-                events=_Events(),  # type: ignore[arg-type]
-                metrics=metrics,
+                **parts,
                 namespace="ome",
                 remover=self.remover,
                 hf=SimSource(),  # type: ignore[arg-type]

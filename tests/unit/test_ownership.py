@@ -486,25 +486,8 @@ async def test_ownership_is_checked_again_right_before_publish(tmp_path: Path) -
     tenant = raw_model("BaseModel", "tenant", "s3://bucket/llama", str(dest), "team-evil")
     tenant["metadata"]["creationTimestamp"] = "2026-06-01T00:00:00Z"
     stores: dict[str, dict[str, Any]] = {"BaseModel": {"team-evil/tenant": tenant}, "ClusterBaseModel": {}}
-    ctx = Context(
-        client=None,  # type: ignore[arg-type]
-        node_name="n1",
-        namespace="ome",
-        layout=layout,
-        manifests=ManifestStore(layout),
-        trash=Trash(layout),
-        labels=_Recorder(),  # type: ignore[arg-type]
-        configmap=_Recorder(),  # type: ignore[arg-type]
-        fetcher=fetcher,
-        events=_Events(),  # type: ignore[arg-type]
-        metrics=Metrics(),
-        remover=None,  # type: ignore[arg-type]
-        hf=None,  # type: ignore[arg-type]
-        models_store=stores,
-        requeue_after=lambda _key, _delay: None,
-        sources={StorageType.S3: source},
-    )
-    reconciler = Reconciler(ctx)
+    reconciler = _reconciler(layout, stores, fetcher=fetcher, sources={StorageType.S3: source})
+    ctx = reconciler.ctx
     obj = ModelObject.from_dict("BaseModel", tenant)
     target = reconciler.target_of(obj)  # nobody else here yet: accepted
     try:
@@ -532,7 +515,15 @@ async def test_ownership_is_checked_again_right_before_publish(tmp_path: Path) -
     assert ctx.manifests.load(obj.ref.key) is None
 
 
-def _reconciler(layout: Layout, stores: dict[str, dict[str, Any]], shared_roots: Any = None) -> Reconciler:
+def _reconciler(
+    layout: Layout,
+    stores: dict[str, dict[str, Any]],
+    shared_roots: Any = None,
+    *,
+    fetcher: Fetcher | None = None,
+    sources: dict[StorageType, Any] | None = None,
+) -> Reconciler:
+    """A reconciler over ``layout`` and the cached objects ``stores``, with recorders for labels, entries, Events."""
     ctx = Context(
         client=None,  # type: ignore[arg-type]
         node_name="n1",
@@ -542,13 +533,14 @@ def _reconciler(layout: Layout, stores: dict[str, dict[str, Any]], shared_roots:
         trash=Trash(layout),
         labels=_Recorder(),  # type: ignore[arg-type]
         configmap=_Recorder(),  # type: ignore[arg-type]
-        fetcher=Fetcher(workers=1, on_done=lambda _key: None),
+        fetcher=fetcher or Fetcher(workers=1, on_done=lambda _key: None),
         events=_Events(),  # type: ignore[arg-type]
         metrics=Metrics(),
         remover=None,  # type: ignore[arg-type]
         hf=None,  # type: ignore[arg-type]
         models_store=stores,
         requeue_after=lambda _key, _delay: None,
+        sources=sources or {},
         shared_roots=shared_roots,
     )
     return Reconciler(ctx)

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from model_agent.agent.artifact_reuse import adopt_copy, adopt_or_wait, link_child
+from model_agent.agent.artifact_reuse import Adoption, adopt_copy, adopt_or_wait, link_child
 from model_agent.agent.breaker import Breaker
 from model_agent.agent.fetcher import Fetcher
 from model_agent.agent.origin_slots import OriginSlots
@@ -323,6 +323,30 @@ async def test_a_tenant_on_a_shared_root_fetches_with_its_own_credentials_instea
     assert fetched == ["with the tenant's credentials"]
 
 
+async def _converge_sibling_b(
+    manifests: ManifestStore, layout: Layout, uri: str, parent: Path, record: Manifest
+) -> Adoption:
+    """adopt_or_wait for sibling B's record of ``parent`` (nothing may be retired or relinked on the way)."""
+
+    async def never(*_a: Any) -> None:
+        raise AssertionError("nothing is retired or relinked")
+
+    return await adopt_or_wait(
+        manifests,
+        never,
+        never,
+        key="ClusterBaseModel//b",
+        uid="ub",
+        owner="owner",
+        generation=1,
+        storage_uri=uri,
+        parent=parent,
+        root=layout.primary,
+        manifest=record,
+        fetching=set,
+    )
+
+
 async def test_a_reuse_sibling_takes_the_siblings_fresh_record_instead_of_refetching(tmp_path: Path) -> None:
     """H3: A's refetch replaced w.bin in the parent (a new inode and mtime); B's record no longer matches. B adopts
     A's new record, so the two never refetch each other's files."""
@@ -350,23 +374,7 @@ async def test_a_reuse_sibling_takes_the_siblings_fresh_record_instead_of_refetc
     stale = manifests.load("ClusterBaseModel//b")
     assert stale is not None and stale.fast_check() == ["w.bin: modified"]
 
-    async def never(*_a: Any) -> None:
-        raise AssertionError("nothing is retired or relinked")
-
-    adoption = await adopt_or_wait(
-        manifests,
-        never,
-        never,
-        key="ClusterBaseModel//b",
-        uid="ub",
-        owner="owner",
-        generation=1,
-        storage_uri=uri,
-        parent=parent,
-        root=layout.primary,
-        manifest=stale,
-        fetching=set,
-    )
+    adoption = await _converge_sibling_b(manifests, layout, uri, parent, stale)
     assert adoption.manifest is not None and adoption.manifest.fast_check() == []
     assert not adoption.wait
     again = manifests.load("ClusterBaseModel//b")
@@ -388,23 +396,7 @@ async def test_a_reuse_sibling_marked_damaged_refetches_rather_than_adopt_the_si
     manifests.save(a, layout.primary)
     b = mark_damaged(adopt_copy(a, "ClusterBaseModel//b", "ub", "owner", 1), ["w.bin"])
 
-    async def never(*_a: Any) -> None:
-        raise AssertionError("nothing is retired or relinked")
-
-    adoption = await adopt_or_wait(
-        manifests,
-        never,
-        never,
-        key="ClusterBaseModel//b",
-        uid="ub",
-        owner="owner",
-        generation=1,
-        storage_uri=URI,
-        parent=parent,
-        root=layout.primary,
-        manifest=b,
-        fetching=set,
-    )
+    adoption = await _converge_sibling_b(manifests, layout, URI, parent, b)
     assert adoption.manifest is b  # DAMAGED: the reconciler fetches the marked file again
 
 
