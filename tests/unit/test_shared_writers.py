@@ -494,3 +494,27 @@ def test_the_breaker_counts_this_nodes_models_on_a_shared_root_not_the_fleets_re
     labels.values.update({f"models.ome.io/clusterbasemodel.m{i}": "Ready" for i in range(10, 13)})
     assert len(labels.model_labels()) == 4
     assert remover._model_count() == 4
+
+
+async def test_a_takeover_fetch_reads_the_record_again_and_never_retires_the_new_copy(tmp_path: Path) -> None:
+    """M6: the reconciler decided "fetch the new source, retire the old copy"; by the time this node holds the fetch
+    Lease, the dead holder had already published the new copy and retired the old one. The fetch plans from the
+    record as it is now: nothing to retire, the new copy as its previous."""
+    from model_agent.agent.reconciler import Target
+    from model_agent.model.uris import StorageType
+    from tests.unit.test_ownership import _reconciler
+
+    layout = Layout(tmp_path / "root")
+    layout.ensure()
+    write_marker(layout.primary.private, "node-2")
+    dest = layout.primary.path / "m1"
+    reconciler = _reconciler(layout, {"BaseModel": {}, "ClusterBaseModel": {}}, _shared(layout, ManifestStore(layout)))
+    manifests = reconciler.ctx.manifests
+    stale_old = Manifest(REF.key, UID, "hf://org/old", str(dest), files=[FileRecord("w.bin", 7)])
+    target = Target("hf://org/new", dest, layout.primary, StorageType.HUGGINGFACE)
+    new_copy = _published(dest, key=REF.key, storage_uri="hf://org/new")
+    manifests.save(new_copy, layout.primary)  # what the dead holder left: the new copy, recorded
+    previous, superseded = await reconciler._records_now(REF, target, None, stale_old)
+    assert superseded is None and previous is not None and previous.storage_uri == "hf://org/new"
+    manifests.delete(REF.key)  # nothing recorded any more (retired, and the new one not yet recorded)
+    assert await reconciler._records_now(REF, target, None, stale_old) == (None, None)

@@ -609,6 +609,7 @@ class Reconciler:
         """
         if slot is None:
             async with contextlib.AsyncExitStack() as held:
+                previous, superseded = await self._records_now(ref, target, previous, superseded)
                 await self._fetch(job, ref, obj, target, previous, superseded, held)
             return
         ctx = self.ctx
@@ -757,6 +758,26 @@ class Reconciler:
             f"{len(files)} files ({manifest.total_bytes} bytes, {fetched} fetched) at revision "
             f"{result.revision[:12]} on node {ctx.node_name}",
         )
+
+    async def _records_now(
+        self, ref: ModelRef, target: Target, previous: Manifest | None, superseded: Manifest | None
+    ) -> tuple[Manifest | None, Manifest | None]:
+        """The key's record as it is when the fetch starts: (the previous copy of this target, a copy to retire).
+
+        On a shared root the fetch may start long after the reconciler decided it — after a wait for another node's
+        fetch Lease, whose holder may have published, retired the old copy or died half-way — so the record is read
+        again under the Lease: a stale ``superseded`` would retire the new copy that now stands in the directory.
+        A private root: as decided (this node is the record's only writer).
+        """
+        shared = self.ctx.shared_roots
+        if shared is None or not shared.shared_for(target.dest)[0]:
+            return previous, superseded
+        current = await asyncio.to_thread(self.ctx.manifests.load, ref.key)
+        if current is None or current.removing:
+            return None, None
+        if target.matches(current):
+            return current, None
+        return None, current
 
     def _still_wanted(self, ref: ModelRef, target: Target) -> bool:
         """Does the cached object still want exactly this target (same source, same resolved path)?"""
