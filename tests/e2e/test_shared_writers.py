@@ -6,14 +6,18 @@ Two agents (subprocesses, one Node each) against the real API server and the ola
   ``spec.storage.path`` on the other node never misses the weights, and that node stays Ready (the link is shared
   state like the files; only a removal that may move the files removes it);
 * a private primary root per node and one shared ``--allowed-root``: a deselected node drops its label and entry
-  only; the live model's weights stay where the other node serves them, and nothing goes to the trash.
+  only; the live model's weights stay where the other node serves them, and nothing goes to the trash;
+* a file that rots in place (size and mtime kept) on the shared root is found by a node's re-hash and fetched from
+  the origin again: the earlier publication is never taken in place of the refetch.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import threading
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -118,4 +122,43 @@ async def test_a_deselected_node_never_moves_a_live_models_weights_on_a_shared_a
     assert trash_entries(nfs) == [] and trash_entries(one.models_root) == []
     assert (await kube.node_labels(two.node)).get(node_label_key(CBM, "", name)) == "Ready"
     assert any(os.scandir(nfs / ".model-agent" / "manifests"))  # the shared record stays for node two
+    await kube.delete_model(CBM, name)
+
+
+async def test_damage_found_on_a_shared_root_is_fetched_again_from_the_origin(
+    kube: Kube, olah: OlahServer, mirrors_root: Path, make_agent: AgentFactory, unique: str, tmp_path: Path
+) -> None:
+    """A byte of a Ready model's file flips in place on the shared root, its size and mtime kept (bit rot, a
+    storage fault): node one's re-hash finds it, and the file is fetched from the origin again. The publication
+    the fetching node left before is never taken in place of that refetch."""
+    files = tiny_llama(61)
+    repo = f"acme/rot-{unique}"
+    await asyncio.to_thread(create_model_repo, mirrors_root, repo, files)
+    shared = tmp_path / "shared-models"
+    group = {"shared-rot-test": unique}
+    one = await make_agent(models_root=shared, labels=group)
+    two = await make_agent(models_root=shared, labels=group)
+    name = f"rot-{unique}"
+    dest = shared / "m"
+    await kube.apply(cbm(name, f"hf://{repo}", str(dest), nodeSelector=group))
+    await asyncio.gather(wait_label(kube, one.node, name, "Ready"), wait_label(kube, two.node, name, "Ready"))
+    victim = dest / "model.safetensors"
+    stat = victim.stat()
+    data = bytearray(victim.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    victim.write_bytes(bytes(data))
+    os.utime(victim, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    olah.reset_stats()
+    request = urllib.request.Request(f"http://127.0.0.1:{one.port}/verify", method="POST", data=b"")
+    with await asyncio.to_thread(urllib.request.urlopen, request, timeout=60) as answer:
+        report = json.loads(answer.read())
+    assert any("model.safetensors" in damaged for damaged in report.values()), report
+
+    async def repaired() -> bool:
+        return victim.read_bytes() == files["model.safetensors"]
+
+    await eventually(repaired, timeout=60, what="the damaged file fetched again")
+    fetched = [r for r in olah.requests() if r.method == "GET" and r.path.endswith("/model.safetensors")]
+    assert fetched, "the file was not fetched from the origin again"
+    await asyncio.gather(wait_label(kube, one.node, name, "Ready"), wait_label(kube, two.node, name, "Ready"))
     await kube.delete_model(CBM, name)
