@@ -456,11 +456,12 @@ class FleetSimulation(RuleBasedStateMachine):
         if sim.labels.values.get(ModelRef.from_key(manifest.key).label_key) == "Ready":
             live = self.api.models.get(manifest.key)
             if live is not None and live["spec"]["storage"]["storageUri"] == manifest.storage_uri:
-                name = target.name
-                assert target.read_bytes() == content(manifest.storage_uri, name), (
+                assert target.is_file(), f"{node} Ready for {manifest.key} but {target} is missing"
+                assert target.read_bytes() == content(manifest.storage_uri, target.name), (
                     f"{node} verified {target} damaged, and is Ready again with the damaged bytes"
                 )
-        if target.read_bytes() == content(manifest.storage_uri, target.name):
+        gone = not target.is_file()
+        if gone or target.read_bytes() == content(manifest.storage_uri, target.name):  # repaired, or gone
             self.rotted.discard(Path(os.path.realpath(target)))
 
     @rule(node=st.sampled_from(NODES), cut=st.booleans())
