@@ -20,8 +20,10 @@ blocks, a SIGKILL would not: the Leases a killed holder leaves are the one diffe
 
 Invariants, after every step:
 
-* **Ready resolves**: a node labelled ``Ready`` for a live model whose spec is the one it labelled finds, through
-  ``spec.storage.path`` (links followed), every file of that spec's source with the source's bytes;
+* **Ready resolves**: a node labelled ``Ready`` for a live model — the very object (UID) and spec it wrote the label
+  for — finds, through ``spec.storage.path`` (links followed), every file of that spec's source with the source's
+  bytes (a label a node wrote for an object since deleted is stale until that node hears of the delete: a label
+  names a model, not an object, and no node can take another's label back);
 * **one owner**: a record of a live model names that model's owner (no tenant record adopted from another owner's
   publication), and an intact record's directory holds only the files it records (nothing added by another owner);
 * **no live bytes lost**: the trash never holds the only copy of a live model that some node labels Ready.
@@ -164,6 +166,7 @@ class Shown:
     def __init__(self, base: dict[str, str] | None = None) -> None:
         self.values: dict[str, str] = {}
         self.base = base or {}
+        self.on_ready: Any = lambda _label_key: None  # told of every Ready written, when it is written
 
     def labels(self) -> dict[str, str]:
         return {**self.base, **self.values}
@@ -179,6 +182,8 @@ class Shown:
         if value is None:
             return self.values.pop(key, None) is not None
         self.values[key] = value
+        if value == "Ready":
+            self.on_ready(key)
         return True
 
 
@@ -203,7 +208,16 @@ class SimNode:
 
     def __post_init__(self) -> None:
         self.labels.base = {"node": self.name}
+        self.labels.on_ready = self._labelled_ready
         self.start()
+
+    def _labelled_ready(self, label_key: str) -> None:
+        """Remember the spec a Ready label was written for (the object the reconciler saw in its cache then)."""
+        for key in KEYS:
+            live = self.api.models.get(key)
+            if ModelRef.from_key(key).label_key == label_key and live is not None:
+                storage = live["spec"]["storage"]
+                self.ready_spec[key] = (live["metadata"]["uid"], storage["storageUri"], storage["path"])
 
     def start(self) -> None:
         client = self.api.view(self.name)
@@ -261,10 +275,6 @@ class SimNode:
             self.requeued.add(key)
         except (ApiError, ApiUnavailable):
             self.requeued.add(key)
-        live = self.api.models.get(key)
-        if self.labels.values.get(ModelRef.from_key(key).label_key) == "Ready" and live is not None:
-            storage = live["spec"]["storage"]
-            self.ready_spec[key] = (live["metadata"]["uid"], storage["storageUri"], storage["path"])
 
 
 class _Store:
