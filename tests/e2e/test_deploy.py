@@ -296,7 +296,7 @@ def configmap(name: str, data: dict[str, str], labels: dict[str, str] | None = N
     return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": meta, "data": data}
 
 
-def lease(name: str, holder: str, *, renewed_s_ago: float = 0.0, rv: str | None = None) -> Doc:
+def lease(name: str, holder: str, *, renewed_s_ago: float = 0.0, rv: str | None = None, duration_s: int = 30) -> Doc:
     renewed = datetime.now(UTC) - timedelta(seconds=renewed_s_ago)
     meta: Doc = {"name": name, "namespace": NAMESPACE}
     if rv is not None:
@@ -306,7 +306,12 @@ def lease(name: str, holder: str, *, renewed_s_ago: float = 0.0, rv: str | None 
         "apiVersion": "coordination.k8s.io/v1",
         "kind": "Lease",
         "metadata": meta,
-        "spec": {"holderIdentity": holder, "leaseDurationSeconds": 30, "acquireTime": stamp, "renewTime": stamp},
+        "spec": {
+            "holderIdentity": holder,
+            "leaseDurationSeconds": duration_s,
+            "acquireTime": stamp,
+            "renewTime": stamp,
+        },
     }
 
 
@@ -866,8 +871,9 @@ async def test_lease_policy_allows_only_origin_slots_held_as_itself(
         refused_by(await refusal(put_as(agent, slots[2], "")), policy, f"held by {OTHER_NODE}")
         assert (await admin.request("GET", LEASES.path(NAMESPACE, slots[2])))["spec"]["holderIdentity"] == OTHER_NODE
 
-        # The agent's own slot code: it takes over a slot whose holder stopped renewing, and releases it.
-        await admin_create(lease(taken_over, OTHER_NODE, renewed_s_ago=3600))
+        # The agent's own slot code: it takes over a slot whose holder stopped renewing (its record unchanged for the
+        # Lease's duration, as this process observes it: 2 s here), and releases it.
+        await admin_create(lease(taken_over, OTHER_NODE, renewed_s_ago=3600, duration_s=2))
         origin = OriginSlots(agent, NAMESPACE, NODE, 1, poll_s=0.2)
 
         async def hold_once() -> str:

@@ -8,7 +8,9 @@ Two agents (subprocesses, one Node each) against the real API server and the ola
 * a private primary root per node and one shared ``--allowed-root``: a deselected node drops its label and entry
   only; the live model's weights stay where the other node serves them, and nothing goes to the trash;
 * a file that rots in place (size and mtime kept) on the shared root is found by a node's re-hash and fetched from
-  the origin again: the earlier publication is never taken in place of the refetch.
+  the origin again: the earlier publication is never taken in place of the refetch;
+* two ``ReuseIfExists`` siblings whose shared parent changed settle (one takes the other's fresh record) instead of
+  refetching each other's files forever (one agent: the siblings' records are private-root records).
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from testbed.models import tiny_llama
 from testbed.servers.olah import OlahServer, create_model_repo
 from tests.e2e.conftest import AgentFactory
 from tests.support.kube import Kube, cbm
-from tests.support.waiting import eventually
+from tests.support.waiting import always, eventually
 
 pytestmark = pytest.mark.e2e
 
@@ -162,3 +164,46 @@ async def test_damage_found_on_a_shared_root_is_fetched_again_from_the_origin(
     assert fetched, "the file was not fetched from the origin again"
     await asyncio.gather(wait_label(kube, one.node, name, "Ready"), wait_label(kube, two.node, name, "Ready"))
     await kube.delete_model(CBM, name)
+
+
+async def test_two_reuse_siblings_settle_after_their_parent_changes_instead_of_refetching_each_other(
+    kube: Kube, olah: OlahServer, mirrors_root: Path, make_agent: AgentFactory, unique: str, tmp_path: Path
+) -> None:
+    """Two ``ReuseIfExists`` models of one commit share a parent; a weights file in it is touched (a new mtime, as
+    a refetch's publish leaves). Each sibling's record stops matching; after at most a refetch each, one takes the
+    other's fresh record, and both stay Ready with no further origin traffic over several resyncs."""
+    files = tiny_llama(67)
+    repo = f"acme/siblings-{unique}"
+    commit = await asyncio.to_thread(create_model_repo, mirrors_root, repo, files)
+    root = tmp_path / "models"
+    agent = await make_agent(models_root=root, args=("--resync-interval", "2"))
+    names = [f"sib-a-{unique}", f"sib-b-{unique}"]
+    for name in names:
+        await kube.apply(cbm(name, f"hf://{repo}@{commit}", str(root / name), downloadPolicy="ReuseIfExists"))
+    await asyncio.gather(*(wait_label(kube, agent.node, n, "Ready") for n in names))
+    weights = root / "_artifacts" / repo / commit / "model.safetensors"
+    later = weights.stat().st_mtime_ns + 10**9
+    os.utime(weights, ns=(later, later))
+    olah.reset_stats()
+
+    def weight_bytes() -> int:
+        return sum(r.bytes_sent for r in olah.requests() if r.method == "GET" and r.path.endswith("/model.safetensors"))
+
+    async def settled() -> bool:  # the change was noticed (a refetch), and both are Ready again
+        labels = await kube.node_labels(agent.node)
+        ready = all(labels.get(node_label_key(CBM, "", n)) == "Ready" for n in names)
+        return ready and weight_bytes() > 0
+
+    await eventually(settled, timeout=60, what="a refetch, then both siblings Ready again", interval=0.05)
+    before = weight_bytes()
+
+    async def quiet() -> bool:
+        labels = await kube.node_labels(agent.node)
+        ready = all(labels.get(node_label_key(CBM, "", n)) == "Ready" for n in names)
+        return ready and weight_bytes() == before
+
+    await always(quiet, duration=12, what="both Ready with no more origin GETs of the weights", interval=0.2)
+    size = len(files["model.safetensors"])
+    assert before <= 2.2 * size, (before, size)  # at most one refetch per sibling, never a loop
+    for name in names:
+        await kube.delete_model(CBM, name)

@@ -617,7 +617,8 @@ async def test_server_ignoring_range_is_read_as_one_stream_from_the_first_parts_
     assert (tmp_path / "f").read_bytes() == data
     assert got.digests == digests(data)
     assert None not in origin.ranges  # no second, plain GET
-    assert origin.ranges[0] == f"bytes=0-{FAST.part_size - 1}" and len(origin.ranges) == got.requests <= slots
+    # The first part was asked (with several slots its request need not arrive first) and no more than one per slot.
+    assert f"bytes=0-{FAST.part_size - 1}" in origin.ranges and len(origin.ranges) == got.requests <= slots
     state = PartMap.read(tmp_path / "f.parts")
     assert state is not None and state.complete
 
