@@ -1,4 +1,4 @@
-"""Shared state has one writer per act, end to end: the shared-root scenarios of the safety review.
+"""Shared state has one writer per act, end to end: what a node sharing a models root must never do to another.
 
 Two agents (subprocesses, one Node each) against the real API server and the olah mirror, sharing one directory:
 

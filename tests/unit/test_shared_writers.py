@@ -1,4 +1,4 @@
-"""Shared state has one writer per act: the scenarios of the shared-root safety findings, against the real classes.
+"""Shared state has one writer per act: what one node must never do to another on a shared root, with the real classes.
 
 Each test drives the real :class:`Remover`, :class:`SharedRoots`, :class:`ManifestStore`, :class:`Trash`,
 ``publish`` and ``adopt_or_wait`` over a directory that plays a shared root (another node's marker is in it), with
@@ -107,7 +107,7 @@ def _client(live: dict[str, Any] | None) -> FakeKubeClient:
 async def test_a_deselected_node_keeps_the_shared_artifact_link_every_other_node_serves_through(
     tmp_path: Path,
 ) -> None:
-    """C1: node-1 stops being selected; node-2 still serves the model through the link on the shared root."""
+    """Node-1 stops being selected; node-2 still serves the model through the link on the shared root."""
     layout = Layout(tmp_path / "root")
     layout.ensure()
     write_marker(layout.primary.private, "node-2")
@@ -132,7 +132,7 @@ async def test_a_deselected_node_keeps_the_shared_artifact_link_every_other_node
 
 
 async def test_a_deselected_node_never_moves_weights_on_a_shared_allowed_root(tmp_path: Path) -> None:
-    """C2: the primary root is private (local disk), the --allowed-root is shared with node-2 (NFS)."""
+    """The primary root is private (local disk), the --allowed-root is shared with node-2 (NFS)."""
     local, nfs = tmp_path / "local", tmp_path / "nfs"
     layout = Layout(local, [nfs])
     layout.ensure()
@@ -155,7 +155,7 @@ async def test_a_deselected_node_never_moves_weights_on_a_shared_allowed_root(tm
 async def test_a_late_removal_never_moves_a_successors_copy_recorded_in_another_nodes_state_dir(
     tmp_path: Path,
 ) -> None:
-    """C3: --state-dir on a shared root. K (U1, hf://org/old) is re-created as U2 (hf://org/new, same path, node-2
+    """--state-dir on a shared root. K (U1, hf://org/old) is re-created as U2 (hf://org/new, same path, node-2
     only); node-2 published U2's copy there. Node-1's late removal of U1 keeps the directory."""
     layout = Layout(tmp_path / "root", state_dir=tmp_path / "state-node-1")
     layout.ensure()
@@ -175,7 +175,7 @@ async def test_a_late_removal_never_moves_a_successors_copy_recorded_in_another_
 
 
 async def test_a_late_removal_never_moves_a_directory_another_source_is_published_at(tmp_path: Path) -> None:
-    """C3, with the successor gone from this node's cache: the publication of another source at the path is enough."""
+    """With the successor gone from this node's cache: the publication of another source at the path is enough."""
     layout = Layout(tmp_path / "root", state_dir=tmp_path / "state-node-1")
     layout.ensure()
     write_marker(layout.primary.private, "node-2")
@@ -197,7 +197,7 @@ async def test_a_late_removal_never_moves_a_directory_another_source_is_publishe
 async def test_a_removal_keeps_a_copy_another_node_re_adopted_while_its_label_write_was_in_flight(
     tmp_path: Path,
 ) -> None:
-    """H1: node-1 removes K (NotFound) under the record guard; while its label write is in flight, K is re-created
+    """Node-1 removes K (NotFound) under the record guard; while its label write is in flight, K is re-created
     and node-2's READY takes the record over (uid U2, intent cleared). The re-check before the move sees it."""
     layout = Layout(tmp_path / "root")
     layout.ensure()
@@ -232,7 +232,7 @@ async def test_a_removal_keeps_a_copy_another_node_re_adopted_while_its_label_wr
 
 
 async def test_ready_adopting_a_shared_record_waits_for_the_guard_a_removal_holds(tmp_path: Path) -> None:
-    """H1, the guard itself: while node-1 holds the key's record guard, node-2's record_turn is refused (requeue)."""
+    """The guard itself: while node-1 holds the key's record guard, node-2's record_turn is refused (requeue)."""
     api = LeaseApi()
     (one, _), (two, _) = node(api, tmp_path, "n1"), node(api, tmp_path, "n2")
     dest = one._layout.primary.path / "m"
@@ -245,7 +245,7 @@ async def test_ready_adopting_a_shared_record_waits_for_the_guard_a_removal_hold
 
 
 async def test_damage_found_on_a_shared_root_is_fetched_again_not_undone_by_the_publication(tmp_path: Path) -> None:
-    """H2: the corrupt file keeps its size and mtime; the stale publication must not erase the damage marks."""
+    """The corrupt file keeps its size and mtime; the stale publication must not erase the damage marks."""
     api = LeaseApi()
     (a, manifests), (b, _) = node(api, tmp_path, "a"), node(api, tmp_path, "b")
     root = a._layout.primary
@@ -295,7 +295,7 @@ def test_a_publication_of_the_damaged_copy_is_refused_and_a_repaired_one_is_not(
 
 
 def test_a_publication_of_another_owner_is_never_adopted(tmp_path: Path) -> None:
-    """S2 (a): a tenant's model names a trusted model's source and path; the publication is the trusted owner's."""
+    """A tenant's model names a trusted model's source and path; the publication is the trusted owner's."""
     dest = tmp_path / "m"
     published = _published(dest, owner="cluster-admins")
     data = publication_bytes(published.to_json(), "n1", 1.0)
@@ -304,7 +304,7 @@ def test_a_publication_of_another_owner_is_never_adopted(tmp_path: Path) -> None
 
 
 async def test_a_tenant_on_a_shared_root_fetches_with_its_own_credentials_instead_of_adopting(tmp_path: Path) -> None:
-    """S2 (a), through fetch_once: the tenant's node never takes the trusted owner's publication."""
+    """Through fetch_once: the tenant's node never takes the trusted owner's publication."""
     api = LeaseApi()
     (a, manifests), (b, _) = node(api, tmp_path, "a"), node(api, tmp_path, "b")
     root = a._layout.primary
@@ -348,7 +348,7 @@ async def _converge_sibling_b(
 
 
 async def test_a_reuse_sibling_takes_the_siblings_fresh_record_instead_of_refetching(tmp_path: Path) -> None:
-    """H3: A's refetch replaced w.bin in the parent (a new inode and mtime); B's record no longer matches. B adopts
+    """A's refetch replaced w.bin in the parent (a new inode and mtime); B's record no longer matches. B adopts
     A's new record, so the two never refetch each other's files."""
     layout = Layout(tmp_path / "root")
     layout.ensure()
@@ -382,7 +382,7 @@ async def test_a_reuse_sibling_takes_the_siblings_fresh_record_instead_of_refetc
 
 
 async def test_a_reuse_sibling_marked_damaged_refetches_rather_than_adopt_the_siblings_record(tmp_path: Path) -> None:
-    """H3's other side: a record a re-hash marked damaged is never refreshed from a sibling (it would undo it)."""
+    """The other side: a record a re-hash marked damaged is never refreshed from a sibling (it would undo it)."""
     layout = Layout(tmp_path / "root")
     layout.ensure()
     manifests = ManifestStore(layout)
@@ -404,7 +404,7 @@ async def test_a_reuse_sibling_marked_damaged_refetches_rather_than_adopt_the_si
 
 
 async def test_a_lease_is_expired_only_after_its_record_stayed_unchanged_for_its_duration_here() -> None:
-    """M2: a holder whose clock is far behind (renewTime years ago) but which renews is never taken over."""
+    """A holder whose clock is far behind (renewTime years ago) but which renews is never taken over."""
     api = LeaseApi()
     now = [1000.0]
     holder = OriginSlots(api, "ome", "n1", 1, lease_s=10, clock=lambda: now[0])  # type: ignore[arg-type]
@@ -458,7 +458,7 @@ def test_staging_discardable(shared: bool, idle: float, discardable: bool) -> No
 
 
 async def test_another_nodes_running_fetch_staging_is_left_alone_and_an_idle_one_goes(tmp_path: Path) -> None:
-    """M1: node-1 fetches into the shared staging; node-2 has no job of its own for it. Every path that discards
+    """Node-1 fetches into the shared staging; node-2 has no job of its own for it. Every path that discards
     staging (READY's clean-up, the inventory, a removal) asks this rule: the live area stays, a long-idle one goes."""
     api = LeaseApi()
     node(api, tmp_path, "n1")
@@ -478,7 +478,7 @@ async def test_another_nodes_running_fetch_staging_is_left_alone_and_an_idle_one
 
 
 def test_the_breaker_counts_this_nodes_models_on_a_shared_root_not_the_fleets_records(tmp_path: Path) -> None:
-    """L2: 100 records on the shared root (the fleet's), 4 models labelled on this node: the breaker's denominator
+    """100 records on the shared root (the fleet's), 4 models labelled on this node: the breaker's denominator
     is 4, so this node's mass deselection (3 of its 4) is held, whatever the fleet holds."""
     layout = Layout(tmp_path / "root")
     layout.ensure()
@@ -497,7 +497,7 @@ def test_the_breaker_counts_this_nodes_models_on_a_shared_root_not_the_fleets_re
 
 
 async def test_a_takeover_fetch_reads_the_record_again_and_never_retires_the_new_copy(tmp_path: Path) -> None:
-    """M6: the reconciler decided "fetch the new source, retire the old copy"; by the time this node holds the fetch
+    """The reconciler decided "fetch the new source, retire the old copy"; by the time this node holds the fetch
     Lease, the dead holder had already published the new copy and retired the old one. The fetch plans from the
     record as it is now: nothing to retire, the new copy as its previous."""
     from model_agent.agent.reconciler import Target
