@@ -10,7 +10,12 @@ Two agents (subprocesses, one Node each) against the real API server and the ola
 * a file that rots in place (size and mtime kept) on the shared root is found by a node's re-hash and fetched from
   the origin again: the earlier publication is never taken in place of the refetch;
 * two ``ReuseIfExists`` siblings whose shared parent changed settle (one takes the other's fresh record) instead of
-  refetching each other's files forever (one agent: the siblings' records are private-root records).
+  refetching each other's files forever (one agent: the siblings' records are private-root records);
+* each node keeping its records in its own ``--state-dir``: a node that comes back after its model was replaced by
+  one of another commit at the same path (selecting the other node only) removes its label and entry, and leaves
+  the successor's weights where the other node serves them Ready;
+* a removal whose label write stalls while the model is created again with the same spec: the re-created model's
+  weights never leave their path, though the removal was decided before the re-create.
 """
 
 from __future__ import annotations
@@ -26,7 +31,8 @@ import pytest
 
 from model_agent.model.keys import configmap_key, node_label_key
 from testbed.models import tiny_llama
-from testbed.servers.olah import OlahServer, create_model_repo
+from testbed.proxies.faultproxy import FaultProxy, Rule, stall
+from testbed.servers.olah import OlahServer, add_commit, create_model_repo
 from tests.e2e.conftest import AgentFactory
 from tests.support.kube import Kube, cbm
 from tests.support.waiting import always, eventually
@@ -207,3 +213,138 @@ async def test_two_reuse_siblings_settle_after_their_parent_changes_instead_of_r
     assert before <= 2.2 * size, (before, size)  # at most one refetch per sibling, never a loop
     for name in names:
         await kube.delete_model(CBM, name)
+
+
+class PathWatcher:
+    """A pod reading the model through its path the whole time: records every moment a file is not there."""
+
+    def __init__(self, path: Path, files: dict[str, bytes]) -> None:
+        self.path, self.names = path, sorted(files)
+        self.misses: list[str] = []
+        self.reads = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            for name in self.names:
+                if not (self.path / name).is_file():
+                    self.misses.append(name)
+            self.reads += 1
+            self._stop.wait(0.005)
+
+    def __enter__(self) -> PathWatcher:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(10)
+
+
+async def test_a_node_back_from_downtime_leaves_a_successors_weights_when_records_live_in_each_state_dir(
+    kube: Kube, olah: OlahServer, mirrors_root: Path, make_agent: AgentFactory, unique: str, tmp_path: Path
+) -> None:
+    """Both nodes keep their records in their own ``--state-dir``. While node one is down, the model is replaced by
+    one of a newer commit at the same path that selects node two only (a GitOps replace pinning a new commit). Node
+    two fetches it; node one comes back with only its own record of the old commit, removes its label and entry,
+    and never moves the successor's weights."""
+    files = tiny_llama(71)
+    repo = f"acme/statedir-{unique}"
+    first = await asyncio.to_thread(create_model_repo, mirrors_root, repo, files)
+    newer = dict(files, **{"config.json": files["config.json"].replace(b"{", b'{"_rev": 2, ', 1)})
+    second = await asyncio.to_thread(add_commit, mirrors_root, repo, newer)
+    shared = tmp_path / "shared-models"
+    group = {"state-dir-test": unique}
+    one = await make_agent(models_root=shared, labels=group, args=("--state-dir", str(tmp_path / "state-1")))
+    two = await make_agent(models_root=shared, labels=group, args=("--state-dir", str(tmp_path / "state-2")))
+    await kube.label_node(two.node, {"state-dir-second": unique})
+    name = f"statedir-{unique}"
+    dest = shared / "m"
+    await kube.apply(cbm(name, f"hf://{repo}@{first}", str(dest), nodeSelector=group))
+    await asyncio.gather(wait_label(kube, one.node, name, "Ready"), wait_label(kube, two.node, name, "Ready"))
+    one.kill()
+    await kube.delete_model(CBM, name)
+
+    async def gone() -> bool:
+        return await kube.model_gone(CBM, name)
+
+    await eventually(gone, timeout=30, what="the old object deleted")
+    await kube.apply(cbm(name, f"hf://{repo}@{second}", str(dest), nodeSelector={"state-dir-second": unique}))
+
+    async def successor_ready() -> bool:
+        labels = await kube.node_labels(two.node)
+        return (
+            labels.get(node_label_key(CBM, "", name)) == "Ready"
+            and (dest / "config.json").read_bytes() == newer["config.json"]
+        )
+
+    await eventually(successor_ready, timeout=120, what="node two Ready with the newer commit")
+    with PathWatcher(dest, newer) as watcher:
+        one.start()
+        await asyncio.to_thread(one.wait_ready)
+        await wait_label(kube, one.node, name, None)
+
+        async def settled() -> bool:  # node one's removal has run its course: its entry is gone too
+            return await kube.entry(one.node, configmap_key(CBM, "", name)) is None
+
+        await eventually(settled, timeout=60, what="node one's entry removed")
+    assert watcher.misses == [], watcher.misses[:5]
+    assert {p: (dest / p).read_bytes() for p in newer} == newer
+    assert trash_entries(shared) == []
+    assert (await kube.node_labels(two.node)).get(node_label_key(CBM, "", name)) == "Ready"
+    await kube.delete_model(CBM, name)
+
+
+async def test_a_removal_stalled_while_the_model_is_created_again_never_moves_its_weights(
+    kube: Kube,
+    olah: OlahServer,
+    mirrors_root: Path,
+    make_agent: AgentFactory,
+    unique: str,
+    tmp_path: Path,
+    proxy: FaultProxy,
+) -> None:
+    """Node one talks to the API server through a proxy that holds its Node PATCH for 10 s once the model is
+    deleted: its removal has decided, holds the shared guard and is writing its label when the model is applied
+    again with the same spec. Node two (a slower settle) sees the re-created object. The weights never leave the
+    path, both nodes end Ready for the new object, and the shared record names it."""
+    files = tiny_llama(73)
+    repo = f"acme/readopt-{unique}"
+    await asyncio.to_thread(create_model_repo, mirrors_root, repo, files)
+    shared = tmp_path / "shared-models"
+    group = {"readopt-test": unique}
+    via = proxy.kubeconfig  # type: ignore[attr-defined]
+    one = await make_agent(models_root=shared, labels=group, via=via)
+    two = await make_agent(models_root=shared, labels=group, args=("--delete-settle", "6"))
+    name = f"readopt-{unique}"
+    dest = shared / "m"
+    body = cbm(name, f"hf://{repo}", str(dest), nodeSelector=group)
+    await kube.apply(body)
+    await asyncio.gather(wait_label(kube, one.node, name, "Ready"), wait_label(kube, two.node, name, "Ready"))
+    held = proxy.add_rule(Rule(rf"/api/v1/nodes/{one.node}$", stall(10.0), method="PATCH", times=1, name="label"))
+    with PathWatcher(dest, files) as watcher:
+        await kube.delete_model(CBM, name)
+        await proxy.await_for(lambda: proxy.stats().get("label", 0) >= 1, timeout=60, what="node one's label write")
+
+        async def gone() -> bool:
+            return await kube.model_gone(CBM, name)
+
+        await eventually(gone, timeout=30, what="the object deleted")
+        await kube.apply(body)
+        uid = (await kube.get_model(CBM, name))["metadata"]["uid"]
+        await asyncio.gather(
+            wait_label(kube, one.node, name, "Ready", timeout=120), wait_label(kube, two.node, name, "Ready")
+        )
+
+        async def recorded() -> bool:  # the shared record names the re-created object
+            for entry in os.scandir(shared / ".model-agent" / "manifests"):
+                if entry.name.endswith(".json") and uid in Path(entry.path).read_text():
+                    return True
+            return False
+
+        await eventually(recorded, timeout=60, what="the shared record of the re-created object")
+    held.remove()
+    assert watcher.misses == [], watcher.misses[:5]
+    assert {p: (dest / p).read_bytes() for p in files} == files
+    await kube.delete_model(CBM, name)

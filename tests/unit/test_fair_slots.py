@@ -74,3 +74,28 @@ async def test_the_context_manager_releases_once_even_on_error() -> None:
             assert slots.in_use == 1
             raise RuntimeError("boom")
     assert slots.in_use == 0
+
+
+async def test_a_hold_stepping_away_queues_again_and_a_cancel_there_releases_nothing() -> None:
+    slots = FairSlots(1)
+    entered = asyncio.Event()
+
+    async def holder() -> None:
+        async with slots.hold("") as hold, hold.away():
+            assert slots.in_use == 0  # the slot is free while it waits on someone else
+            async with slots.slot("ns"):  # another job takes it meanwhile
+                entered.set()
+                await asyncio.sleep(3600)
+
+    task = asyncio.create_task(holder())
+    await asyncio.wait_for(entered.wait(), 5)
+    assert slots.in_use == 1
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+    assert slots.in_use == 0  # cancelled while away (and queued to take one again): nothing held, nothing owed
+    async with slots.hold("ns") as hold:
+        assert hold.held and slots.in_use == 1
+        async with hold.away():
+            assert slots.in_use == 0
+        assert hold.held and slots.in_use == 1
+    assert slots.in_use == 0

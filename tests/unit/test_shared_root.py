@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 from model_agent.agent.confirm import Outcome
+from model_agent.agent.fetcher import Fetcher, Job
 from model_agent.agent.requeue import Requeue
 from model_agent.agent.shared_root import (
     FULL,
@@ -43,6 +44,7 @@ from model_agent.model.entry import BytesBySource
 from model_agent.sources.base import Progress
 from model_agent.sources.byte_sources import by_source
 from tests.support.hostile_json import DEEP
+from tests.support.waiting import eventually
 
 DEADLINE_S = 5.0
 URI = "hf://org/model"
@@ -523,3 +525,54 @@ async def test_a_private_root_verifies_without_a_lease_or_a_record(tmp_path: Pat
         await asyncio.to_thread(alone.record_verification, manifest, [])
     assert api.leases == {}
     assert not (tmp_path / ".model-agent" / "shared" / "verified").exists()
+
+
+async def test_waiting_for_a_peer_never_holds_a_download_slot_and_a_long_wait_is_told(tmp_path: Path) -> None:
+    """Node b waits while node a holds the target's fetch (renewing its Lease, publishing nothing: a hung mount).
+    b's only download slot stays free for its other models, and the wait past ``long_wait_s`` is reported."""
+    api = LeaseApi()
+    (a, _), (b, _) = node(api, tmp_path, "a"), node(api, tmp_path, "b")
+    b.long_wait_s = 0.05
+    dest = tmp_path / "m"
+    inside, leave = asyncio.Event(), asyncio.Event()
+
+    async def hangs() -> None:
+        inside.set()
+        await leave.wait()
+
+    async def never() -> None:
+        raise AssertionError("b fetched while a holds the target")
+
+    holder = asyncio.create_task(a.fetch_once(FakeJob(), KEY, URI, dest, a._layout.primary, hangs))
+    await asyncio.wait_for(inside.wait(), DEADLINE_S)
+    fetcher = Fetcher(workers=1, on_done=lambda _key: None)
+    long_waits: list[float] = []
+    other_done = asyncio.Event()
+
+    async def waiting(job: Job) -> None:
+        await b.fetch_once(job, KEY, URI, dest, b._layout.primary, never, on_long_wait=long_waits.append)
+
+    async def other(job: Job) -> None:
+        other_done.set()
+
+    try:
+        assert await fetcher.submit(KEY, "target", waiting)
+
+        async def shown_waiting() -> bool:
+            job = fetcher.job(KEY)
+            return job is not None and job.progress.phase == "waiting-for-peer"
+
+        await eventually(shown_waiting, timeout=DEADLINE_S, what="b waiting for a", interval=0.005)
+        assert await fetcher.submit("ClusterBaseModel/other", "other-target", other)
+        await asyncio.wait_for(other_done.wait(), DEADLINE_S)  # the one slot was free for it
+
+        async def told() -> bool:
+            return bool(long_waits)
+
+        await eventually(told, timeout=DEADLINE_S, what="the long wait reported", interval=0.01)
+        assert long_waits[0] >= 0.05
+    finally:
+        leave.set()
+        holder.cancel()
+        await asyncio.gather(holder, return_exceptions=True)
+        await fetcher.stop()

@@ -13,8 +13,10 @@ semaphore:
   so a namespace with many queued models does not starve one with a single model.
 
 Guarantees: a waiter that is cancelled while waiting takes no slot; a slot is released exactly once (the
-``async with`` form); grants happen in the release path, so no waiter sleeps while a slot it may take is
-free.
+``async with`` forms); grants happen in the release path, so no waiter sleeps while a slot it may take is
+free. A :class:`Hold` (:meth:`FairSlots.hold`) may hand its slot back for a while (:meth:`Hold.away`: a job
+waiting on another node) and queues again like any waiter to take one after; cancelled in that queue, it holds
+none and releases none.
 """
 
 from __future__ import annotations
@@ -106,3 +108,39 @@ class FairSlots:
             yield
         finally:
             self._release(group)
+
+    @asynccontextmanager
+    async def hold(self, group: str) -> AsyncIterator[Hold]:
+        """:meth:`slot`, as a :class:`Hold` the block may hand back for a while; released exactly once at the end."""
+        held = Hold(self, group)
+        await held.take()
+        try:
+            yield held
+        finally:
+            held.give_back()
+
+
+class Hold:
+    """One slot of ``group`` held by one job, which may step away from it (see the module guarantees)."""
+
+    def __init__(self, slots: FairSlots, group: str) -> None:
+        self._slots, self._group = slots, group
+        self.held = False
+
+    async def take(self) -> None:
+        await self._slots.acquire(self._group)
+        self.held = True
+
+    def give_back(self) -> None:
+        if self.held:
+            self.held = False
+            self._slots._release(self._group)
+
+    @asynccontextmanager
+    async def away(self) -> AsyncIterator[None]:
+        """Without the slot for the block; queued for one again (fairly, behind earlier waiters) after it."""
+        self.give_back()
+        try:
+            yield
+        finally:
+            await self.take()

@@ -30,17 +30,18 @@ Guarantees:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
 import functools
 import random
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import ParamSpec, TypeVar
 
 import structlog
 
-from model_agent.agent.fair_slots import FairSlots
+from model_agent.agent.fair_slots import FairSlots, Hold
 from model_agent.model.entry import BytesBySource
 from model_agent.sources.base import Progress, SourceError
 from model_agent.sources.byte_sources import by_source
@@ -83,6 +84,18 @@ class Job:
     committed: bool = False
     # Set by Fetcher.cancel/stop: someone wants this job gone (honoured at once unless committed).
     cancel_requested: bool = False
+    hold: Hold | None = field(default=None, repr=False)  # its download slot, once it has one
+
+    @contextlib.asynccontextmanager
+    async def outside_slot(self) -> AsyncIterator[None]:
+        """Give the download slot back for the block (a wait on another node's work), and queue for one after."""
+        if self.hold is None:
+            yield
+            return
+        self.waiting_for_slot = True
+        async with self.hold.away():
+            yield
+        self.waiting_for_slot = False
 
     async def in_thread(self, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> T:
         """Run ``fn`` in a worker thread as part of this job and return its result.
@@ -189,7 +202,8 @@ class Fetcher:
     async def _run(self, job: Job, body: JobBody) -> None:
         outcome = "cancelled"
         try:
-            async with self._slots.slot(_namespace_of(job.key)):
+            async with self._slots.hold(_namespace_of(job.key)) as hold:
+                job.hold = hold
                 job.waiting_for_slot = False
                 job.started = time.monotonic()
                 await body(job)

@@ -40,12 +40,18 @@ from model_agent.ops.events import WARNING, ObjectRef
 
 log = structlog.get_logger(__name__)
 
+BUSY_ROUNDS = 4  # how many more times the scheduled pass tries a model whose turn was busy
+BUSY_RETRY_S = 120.0  # between those tries: a few Lease periods (a peer that was hashing has left its record)
+
 
 class Maintenance:
     """Inventory, verification and purge passes for one agent; see the module docstring."""
 
-    def __init__(self, wiring: Wiring, cached_keys: Callable[[], set[str]]) -> None:
+    def __init__(
+        self, wiring: Wiring, cached_keys: Callable[[], set[str]], *, busy_retry_s: float = BUSY_RETRY_S
+    ) -> None:
         self.w = wiring
+        self.busy_retry_s = busy_retry_s
         self._cached_keys = cached_keys  # the cached models' keys at this instant
         self.unmanaged: list[Path] = []
         self._inventory_keys: set[str] | None = None  # the next inventory pass's keys, while one is due
@@ -97,27 +103,38 @@ class Maintenance:
         """Re-hash the files of the given models (all when None); damaged ones are refetched. Path -> damage.
 
         ``scheduled`` (the periodic pass): on a shared root a model is re-hashed by one node per interval
-        (:meth:`SharedRoots.verify_turn`); a model skipped here is absent from the report. An operator's
-        ``POST /verify`` re-hashes everything it names, whoever verified it last.
+        (:meth:`SharedRoots.verify_turn`); a model skipped here is absent from the report. A model whose turn
+        was busy (a peer hashing it, or a Lease that could not be read: an API outage) is tried again
+        ``busy_retry_s`` later, up to :data:`BUSY_ROUNDS` more times, so an outage at the pass's instant does not
+        leave it unverified for a whole interval. An operator's ``POST /verify`` re-hashes everything it names,
+        whoever verified it last.
         """
         w = self.w
         report: dict[str, list[str]] = {}
-        for manifest in list(w.manifests.all()):
-            if keys is not None and manifest.key not in keys:
-                continue
-            if not manifest.owned or not manifest.files:
-                continue
-            if not scheduled:
-                report[manifest.key] = await self._verify_one(manifest)
-                continue
-            async with w.shared_roots.verify_turn(manifest, w.settings.verify_interval_s) as turn:
-                if turn in (VerifyTurn.SKIP, VerifyTurn.BUSY):
-                    w.metrics.verifications_skipped.labels(turn.value).inc()
-                    log.debug("verification left to a peer", key=manifest.key, turn=turn.value)
+        pending = [m for m in w.manifests.all() if (keys is None or m.key in keys) and m.owned and m.files]
+        for round_ in range(BUSY_ROUNDS + 1):
+            busy: list[str] = []
+            for manifest in pending:
+                if not scheduled:
+                    report[manifest.key] = await self._verify_one(manifest)
                     continue
-                damaged = report[manifest.key] = await self._verify_one(manifest)
-                if turn == VerifyTurn.VERIFY:  # under the verify Lease: the record is this round's
-                    await asyncio.to_thread(w.shared_roots.record_verification, manifest, damaged)
+                async with w.shared_roots.verify_turn(manifest, w.settings.verify_interval_s) as turn:
+                    if turn in (VerifyTurn.SKIP, VerifyTurn.BUSY):
+                        w.metrics.verifications_skipped.labels(turn.value).inc()
+                        log.debug("verification left to a peer", key=manifest.key, turn=turn.value)
+                        if turn == VerifyTurn.BUSY:
+                            busy.append(manifest.key)
+                        continue
+                    damaged = report[manifest.key] = await self._verify_one(manifest)
+                    if turn == VerifyTurn.VERIFY:  # under the verify Lease: the record is this round's
+                        await asyncio.to_thread(w.shared_roots.record_verification, manifest, damaged)
+            if not busy:
+                break
+            if round_ == BUSY_ROUNDS:
+                log.warning("verification turn still busy; left to the next pass", keys=busy[:20])
+                break
+            await asyncio.sleep(self.busy_retry_s)
+            pending = [m for m in (w.manifests.load(k) for k in busy) if m is not None and m.owned and m.files]
         return report
 
     async def _verify_one(self, manifest: Manifest) -> list[str]:

@@ -61,7 +61,7 @@ from model_agent.local.metadata_files import parse_model_dir
 from model_agent.model.entry import DownloadProgress, ModelConfig, ModelEntry, rfc3339
 from model_agent.model.keys import ModelState
 from model_agent.model.metadata import MetadataError, ParsedMetadata
-from model_agent.model.reasons import Reason
+from model_agent.model.reasons import EventReason, Reason
 from model_agent.model.resources import InvalidModel, ModelObject, ModelRef, reserve_artifact, skip_config_parsing
 from model_agent.model.selection import DEFAULT_INSTANCE_TYPE_MAP, instance_shape_alias, node_selected
 from model_agent.model.uris import (
@@ -582,6 +582,13 @@ class Reconciler:
                     fetch,
                     lambda p: self._write_progress(ref, obj, p, time.monotonic()),
                     owner_of_model(obj).fingerprint,
+                    lambda waited: ctx.events.emit(
+                        ObjectRef.of(raw),
+                        WARNING,
+                        EventReason.WAITING_FOR_PEER,
+                        f"node {ctx.node_name} has waited {waited / 60:.0f} min for another node sharing "
+                        f"{target.root.path} to fetch this model; that node holds the fetch but has published nothing",
+                    ),
                 )
                 ctx.metrics.bytes_by_source.labels("shared").inc(adopted)  # what another node fetched for this one
 

@@ -48,7 +48,7 @@ from model_agent.agent.breaker import Breaker, Verdict
 from model_agent.agent.confirm import Confirmation, Confirmer, Outcome, confirm_absence
 from model_agent.agent.node_parts import NodeParts
 from model_agent.agent.requeue import Requeue
-from model_agent.agent.shared_root import FULL, RemovalPlan, SharedRoots, confirmed_gone
+from model_agent.agent.shared_root import FULL, GUARD_LOST, RemovalPlan, SharedRoots, confirmed_gone
 from model_agent.kube import objects
 from model_agent.kube.client import ApiError, ApiUnavailable
 from model_agent.kube.resources import NODES
@@ -405,11 +405,16 @@ class Remover:
             refused = ""
             if plan.move_files and ctx.shared_roots is not None:  # re-checked immediately before the move
                 refused = await asyncio.to_thread(ctx.shared_roots.move_refused, ref.key, manifest, gone_uids)
+            if refused == GUARD_LOST:
+                raise Requeue(refused)
             if not plan.move_files:
                 kept = plan.why_kept
             elif refused:
                 kept = f" (weights not moved: {refused})"
-                plan = dataclasses.replace(plan, delete_record=False, remove_staging=False)
+                # A record in this node's own --state-dir describes a copy that is no longer there: it goes. A
+                # shared record another node took over stays theirs.
+                own_record = ctx.layout.record_root(Path(manifest.dest)).state is not None
+                plan = dataclasses.replace(plan, delete_record=own_record, remove_staging=False)
             elif self._reserved(candidate, confirmation, manifest):
                 kept = " (weights kept: reserve-model-artifact)"
             elif self._needed_elsewhere(ref, Path(manifest.dest), successor_of=gone_uids):

@@ -89,8 +89,10 @@ VERIFIED_DIR = "verified"
 VERIFY_FRESH_SHARE = 0.8
 # A waiting node looks for the publication (a file read) and tries the Lease this often, jittered.
 WAIT_POLL_S = 1.0
+LONG_WAIT_S = 1800.0  # waiting-for-peer this long without a publication raises an Event (then at 2x, 4x...)
 # A shared root's staging area untouched this long has no live fetch on any node (staging_discardable).
 SHARED_STAGING_IDLE_S = 1800.0
+GUARD_LOST = "this node no longer holds the shared copy's guard"  # (move_refused: the removal tries again)
 
 
 class FetchTurn(StrEnum):
@@ -353,6 +355,7 @@ class SharedRoots:
     lease_s: int = 30
     requeue: Callable[[str], None] = lambda _key: None
     poll_s: float = WAIT_POLL_S
+    long_wait_s: float = LONG_WAIT_S
     _layout: Layout = field(init=False, repr=False)
     _leases: OriginSlots = field(init=False, repr=False)
     _roots: dict[Path, _RootState] = field(default_factory=dict, init=False, repr=False)
@@ -537,6 +540,7 @@ class SharedRoots:
         fetch: Callable[[], Awaitable[None]],
         on_wait: Callable[[Progress], Awaitable[None]] | None = None,
         owner: str = "",
+        on_long_wait: Callable[[float], None] | None = None,
     ) -> int:
         """Run ``fetch`` here only if this node is the one to fetch ``(storage_uri, dest)`` for the cluster.
 
@@ -549,12 +553,18 @@ class SharedRoots:
         itself): they are what another node fetched for it, counted as ``shared`` in the bytes-by-source metric,
         and ``job.progress`` then says so (:class:`~model_agent.sources.byte_sources.SourcedProgress`).
         ``owner`` (the model's owner fingerprint): only a publication fetched for the same owner is adopted.
+
+        Waiting never holds this node's download slot (``job.outside_slot``), and a wait past ``long_wait_s``
+        (then twice as long, and so on) calls ``on_long_wait`` with the seconds waited. The holder is not displaced:
+        it renews its Lease, so it is alive by the Lease's own rule, and a second writer is what the Lease
+        exists to prevent (a mount that hangs the holder would hang a successor too).
         """
         if not self.verdict(root, fresh=True).shared:
             await fetch()
             return 0
         lease = f"shared-fetch|{storage_uri}|{dest}"
         shown = False
+        started, warn_at = time.monotonic(), self.long_wait_s
         while True:
             published = await self._adopt(key, storage_uri, dest, root, owner)
             if fetch_turn(True, published is not None, False) == FetchTurn.ADOPT and published is not None:
@@ -578,7 +588,13 @@ class SharedRoots:
                 else:
                     self.requeue(key)
                 shown = True
-            await asyncio.sleep(self.poll_s * (0.5 + self._rng.random()))
+            waited = time.monotonic() - started
+            if on_long_wait is not None and waited >= warn_at:
+                on_long_wait(waited)  # a holder that renews its Lease but publishes nothing: tell someone
+                warn_at *= 2
+            # The wait is outside this node's download slot: a peer's fetch never blocks this node's own work.
+            async with job.outside_slot() if hasattr(job, "outside_slot") else contextlib.nullcontext():
+                await asyncio.sleep(self.poll_s * (0.5 + self._rng.random()))
 
     @staticmethod
     def _adopted(job: Any, manifest: Manifest) -> int:
@@ -650,7 +666,7 @@ class SharedRoots:
         if not shared:
             return ""
         if not self._leases.holds(_record_lease(key)):
-            return "this node no longer holds the shared copy's guard"
+            return GUARD_LOST
         current = self.manifests.load(key)
         if current is None or (current.uid and current.uid not in uids) or not current.removing:
             return "another node took the shared record over"

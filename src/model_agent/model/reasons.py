@@ -105,3 +105,4 @@ class EventReason(StrEnum):
     DELETE_BREAKER_CLOSED = "DeleteBreakerClosed"
     CONFIGMAP_FULL = "ConfigMapFull"
     CONFIGMAP_ROOM = "ConfigMapRoom"
+    WAITING_FOR_PEER = "WaitingForPeer"
