@@ -62,6 +62,10 @@ class NodesApi:
         self.queries: list[str] = []
 
     async def request(self, method: str, path: str, **kw: Any) -> dict[str, Any]:
+        if path == "/api/v1/namespaces/ome/configmaps":  # the status ConfigMaps' metadata: the agents' addresses
+            assert method == "GET" and "PartialObjectMetadataList" in kw["accept"]
+            self.queries.append("configmaps")
+            return {"items": [n["_configmap"] for n in self.nodes if "_configmap" in n]}
         assert method == "GET" and path == "/api/v1/nodes"
         selector = kw["query"]["labelSelector"]
         self.queries.append(selector)
@@ -74,9 +78,14 @@ class NodesApi:
         return {"items": [n for n in self.nodes if n["metadata"].get("labels", {}).get(key) in wanted]}
 
 
-def _node(name: str, labels: dict[str, str], address: str | None) -> dict[str, Any]:
+def _node(name: str, labels: dict[str, str], address: str | None, *, agent: bool = True) -> dict[str, Any]:
+    """A Node; with ``agent`` its address is on the node's status ConfigMap (where an agent advertises), without
+    it only on the Node (what its kubelet, or anyone who may patch the Node, can write)."""
     annotations = {PEER_ADDRESS_ANNOTATION: address} if address else {}
-    return {"metadata": {"name": name, "labels": labels, "annotations": annotations}}
+    node: dict[str, Any] = {"metadata": {"name": name, "labels": labels, "annotations": {} if agent else annotations}}
+    if agent and address:
+        node["_configmap"] = {"metadata": {"name": name, "annotations": annotations}}
+    return node
 
 
 async def test_holders_are_other_nodes_ready_for_a_model_of_the_source_with_an_address() -> None:
@@ -104,10 +113,10 @@ async def test_holders_are_other_nodes_ready_for_a_model_of_the_source_with_an_a
     )
     directory = PeerDirectory(api, "me", lambda: models)  # type: ignore[arg-type]
     assert await directory.holders(uri) == ["10.0.0.2:8090", "10.0.0.3:8090", "10.0.0.7:8090"]
-    assert len(api.queries) == 2  # one LIST per label key for both lists
+    assert len(api.queries) == 3  # one LIST per label key for both lists, and one of the addresses
     assert await directory.relaying(uri) == ["10.0.0.4:8090"]  # fetching it: relays its durable parts
     assert await directory.holders(uri) == ["10.0.0.2:8090", "10.0.0.3:8090", "10.0.0.7:8090"]
-    assert len(api.queries) == 2  # cached for the files of one fetch
+    assert len(api.queries) == 3  # cached for the files of one fetch
     assert await directory.holders("hf://nobody/holds") == []
 
 
@@ -138,7 +147,7 @@ async def test_callers_share_a_running_lookup_and_its_lists_run_at_once() -> Non
     await until(lambda: in_flight == PARALLEL_LISTS, "the first LISTs in flight together")
     gate.set()
     assert await asyncio.wait_for(asyncio.gather(*asking), 5) == [["10.0.0.2:8090"]] * 4
-    assert len(api.queries) == len(names)  # one lookup for the four callers
+    assert len(api.queries) == len(names) + 1  # one lookup for the four callers (and one LIST of the addresses)
     assert most == PARALLEL_LISTS  # several LISTs at once, never more than the bound
 
 
@@ -161,3 +170,59 @@ def test_config_from_flags_and_the_environment(monkeypatch: pytest.MonkeyPatch) 
     assert config.enabled and config.port == 9000 and config.ban_s == 600
     assert Settings(NODE_NAME="n", peer_ban_seconds=5).peer_config().ban_s == 5  # a flag
     assert PeerConfig(advertise_address="h:1").advertised() == "h:1"
+
+
+async def test_a_node_that_only_claims_a_model_on_its_node_object_is_never_a_holder() -> None:
+    """A kubelet (or anyone who may patch a Node) labels its Node Ready for the model and annotates a peer address
+    there. No agent of that node advertises it in the node's status ConfigMap: it is never asked, so it never sees
+    a token or a digest, and cannot stall fetches."""
+    uri = "hf://acme/m"
+    models = {"ClusterBaseModel": [{"metadata": {"name": "m"}, "spec": {"storage": {"storageUri": uri}}}]}
+    key = node_label_key("ClusterBaseModel", "", "m")
+    api = NodesApi(
+        [
+            _node("rogue", {key: "Ready"}, "10.9.9.9:8090", agent=False),
+            _node("agent", {key: "Ready"}, "10.0.0.2:8090"),
+        ]
+    )
+    directory = PeerDirectory(api, "me", lambda: models)  # type: ignore[arg-type]
+    assert await directory.holders(uri) == ["10.0.0.2:8090"]
+    assert await directory.addresses() == {"agent": "10.0.0.2:8090"}
+
+
+class ReviewApi:
+    """TokenReview answers: ``tokens`` maps a token to the node its claim names ("" for no claim)."""
+
+    def __init__(self, tokens: dict[str, str]) -> None:
+        self.tokens = tokens
+
+    async def request(self, method: str, path: str, **kw: Any) -> dict[str, Any]:
+        token = kw["body"]["spec"]["token"]
+        if token not in self.tokens:
+            return {"status": {"authenticated": False}}
+        node = self.tokens[token]
+        extra = {"authentication.kubernetes.io/node-name": [node]} if node else {}
+        return {"status": {"authenticated": True, "audiences": ["aud"], "user": {"username": "me", "extra": extra}}}
+
+
+@pytest.mark.parametrize(
+    ("token", "remote", "status"),
+    [
+        ("Bearer of-a", "10.0.0.2", 200),  # from the node it names
+        ("Bearer of-a", "::ffff:10.0.0.2", 200),  # the same address, v4-mapped
+        ("Bearer of-a", "10.9.9.9", 403),  # replayed from anywhere else (a harvested token)
+        ("Bearer of-a", None, 403),
+        ("Bearer of-b", "10.0.0.3", 403),  # node b advertises no address
+        ("Bearer unbound", "10.0.0.2", 403),  # no node claim: not pod- or node-bound
+        ("Bearer forged", "10.0.0.2", 403),
+        ("Bearer v6", "::1", 200),
+    ],
+)
+async def test_a_token_is_admitted_only_from_the_node_it_names(token: str, remote: str | None, status: int) -> None:
+    api = ReviewApi({"of-a": "a", "of-b": "b", "unbound": "", "v6": "c"})
+
+    async def addresses() -> dict[str, str]:
+        return {"a": "10.0.0.2:8090", "c": "[::1]:8090"}
+
+    reviewer = TokenReviewer(api, "aud", "me", addresses=addresses)  # type: ignore[arg-type]
+    assert (await reviewer.check(token, remote)).status == status

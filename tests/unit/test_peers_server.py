@@ -50,7 +50,8 @@ class FakeApi:
         token = kw["body"]["spec"]["token"]
         assert kw["body"]["spec"]["audiences"] == ["model-agent-peer"]
         if token == "good":
-            return {"status": {"authenticated": True, "user": {"username": AGENT}, "audiences": ["model-agent-peer"]}}
+            user = {"username": AGENT, "extra": {"authentication.kubernetes.io/node-name": ["peer-node"]}}
+            return {"status": {"authenticated": True, "user": user, "audiences": ["model-agent-peer"]}}
         if token == "other":
             return {"status": {"authenticated": True, "user": {"username": "system:serviceaccount:ns:x"}}}
         return {"status": {"authenticated": False, "error": "invalid audience"}}

@@ -37,6 +37,8 @@ from model_agent.kube import kubeconfig as _kubeconfig
 JSON = dict[str, Any]
 
 DEFAULT_TIMEOUT_S = 10.0
+# Accept for a LIST of objects' metadata only (PartialObjectMetadataList): a ConfigMap's annotations without its data.
+METADATA_LIST = "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1, application/json"
 
 # The session the library would build: its connection limit, and a read buffer large enough for a watch event
 # carrying a big object (etcd accepts requests up to 1.5 MiB).
@@ -186,8 +188,8 @@ class KubeClient:
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
-    async def _headers(self, content_type: str | None) -> dict[str, str]:
-        headers = {"Accept": "application/json", "User-Agent": "model-agent"}
+    async def _headers(self, content_type: str | None, accept: str = "application/json") -> dict[str, str]:
+        headers = {"Accept": accept, "User-Agent": "model-agent"}
         if content_type:
             headers["Content-Type"] = content_type
         token = await self._authorization()
@@ -210,8 +212,11 @@ class KubeClient:
         body: Any = None,
         content_type: str | None = None,
         timeout: float = DEFAULT_TIMEOUT_S,
+        accept: str = "application/json",
     ) -> JSON:
-        """Send one request and return the decoded JSON body; raise ApiError / ApiUnavailable."""
+        """Send one request and return the decoded JSON body; raise ApiError / ApiUnavailable.
+
+        ``accept``: e.g. :data:`METADATA_LIST`, a LIST of the objects' metadata only."""
         if self.before_request is not None:
             await self.before_request()
         data = None if body is None else json.dumps(body).encode()
@@ -226,7 +231,7 @@ class KubeClient:
                 url,
                 params=dict(query) if query else None,
                 data=data,
-                headers=await self._headers(content_type),
+                headers=await self._headers(content_type, accept),
                 timeout=aiohttp.ClientTimeout(total=timeout),
             ) as resp:
                 status = resp.status

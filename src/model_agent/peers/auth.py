@@ -11,14 +11,23 @@ server says it is authenticated for that audience and its username is the agent'
 for ``cache_s`` (a refusal for a shorter time, so a bad client cannot make the API server review its token
 at request rate, and a fixed client is not refused for long). A review that cannot be made (API down)
 refuses (503 to the peer), it never admits.
+
+A token is admitted only **from the node it names**: the review's ``user.extra`` must carry the node claim
+(``authentication.kubernetes.io/node-name``, present in a pod-bound or node-bound token), and the request must
+come from the host that node's agent advertises (``addresses``: node -> ``host:port``, from the nodes' status
+ConfigMaps, :meth:`model_agent.peers.directory.PeerDirectory.addresses`). A token harvested by anyone - a rogue
+server the token was presented to, a log - is then worth nothing from any other address. A token without the
+claim is refused (403); addresses that cannot be read refuse with 503.
 """
 
 from __future__ import annotations
 
 import asyncio
 import hashlib
+import ipaddress
 import os
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import KW_ONLY, dataclass, field
 
 import structlog
@@ -28,6 +37,7 @@ from model_agent.kube.client import ApiError, ApiUnavailable, KubeClient
 log = structlog.get_logger(__name__)
 
 TOKENREVIEWS = "/apis/authentication.k8s.io/v1/tokenreviews"
+NODE_CLAIM = "authentication.kubernetes.io/node-name"
 
 
 class TokenFile:
@@ -58,6 +68,7 @@ class Verdict:
 
     status: int
     why: str = ""
+    node: str = ""  # the node the admitted token names
 
     @property
     def admitted(self) -> bool:
@@ -72,14 +83,31 @@ class TokenReviewer:
     audience: str
     username: str
     _: KW_ONLY
+    # node -> its advertised host:port (None: the source address is not checked - unit tests of the review only)
+    addresses: Callable[[], Awaitable[dict[str, str]]] | None = None
     cache_s: float = 60.0
     refusal_cache_s: float = 10.0
     _cache: dict[str, tuple[float, Verdict]] = field(default_factory=dict, init=False, repr=False)
     _inflight: dict[str, asyncio.Future[Verdict]] = field(default_factory=dict, init=False, repr=False)
     reviews: int = field(default=0, init=False)  # TokenReviews sent (tests and the status)
 
-    async def check(self, authorization: str | None) -> Verdict:
-        """The verdict for an ``Authorization`` header value."""
+    async def check(self, authorization: str | None, remote: str | None = None) -> Verdict:
+        """The verdict for an ``Authorization`` header value sent from the address ``remote``."""
+        verdict = await self._token_verdict(authorization)
+        if not verdict.admitted or self.addresses is None:
+            return verdict
+        try:
+            advertised = (await self.addresses()).get(verdict.node, "")
+        except Exception as exc:  # (the directory answers {} on API errors; anything else must not admit)
+            log.warning("peer addresses not readable", error=str(exc)[:200])
+            return Verdict(503, "peer addresses unavailable")
+        if not advertised:
+            return Verdict(403, f"node {verdict.node} advertises no peer address")
+        if not _same_host(advertised.rpartition(":")[0], remote or ""):
+            return Verdict(403, f"a token of node {verdict.node} is admitted only from that node's address")
+        return verdict
+
+    async def _token_verdict(self, authorization: str | None) -> Verdict:
         if not authorization or not authorization.startswith("Bearer ") or not authorization[7:].strip():
             return Verdict(401, "no bearer token")
         token = authorization[7:].strip()
@@ -129,7 +157,26 @@ class TokenReviewer:
         username = (status.get("user") or {}).get("username", "")
         if username != self.username:
             return Verdict(403, f"{username or 'this identity'} is not the model agent")
-        return Verdict(200)
+        nodes = ((status.get("user") or {}).get("extra") or {}).get(NODE_CLAIM) or []
+        if not isinstance(nodes, list) or len(nodes) != 1 or not isinstance(nodes[0], str) or not nodes[0]:
+            return Verdict(403, "the token names no node (a pod-bound or node-bound token is required)")
+        return Verdict(200, node=nodes[0])
+
+
+def _same_host(advertised: str, remote: str) -> bool:
+    """Is ``remote`` (a peer's socket address) the advertised host? IPs compare as addresses (``[::1]``, v4-mapped)."""
+
+    def parsed(host: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | str:
+        host = host.strip("[]")
+        try:
+            address = ipaddress.ip_address(host)
+        except ValueError:
+            return host.lower()
+        if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+            return address.ipv4_mapped
+        return address
+
+    return bool(remote) and parsed(advertised) == parsed(remote)
 
 
 def service_account_username(namespace: str, name: str) -> str:

@@ -1,12 +1,15 @@
 """Who holds a model's files: the peers the cluster says are Ready for a model of the same source.
 
 A holder is a Node (other than this one) whose label for a model with the same ``storageUri`` says
-``Ready`` (label keys: :func:`model_agent.model.keys.node_label_key`) and that carries the annotation
-:data:`~model_agent.peers.PEER_ADDRESS_ANNOTATION` (``host:port``), which each agent with the peer service on
-writes on its own Node (:meth:`PeerDirectory.advertise`; the chart's admission policy allows exactly that
-annotation). Models of any tenant with the same source count: what a peer serves is addressed by the
-digest this fetch's own origin listing promised and verified against it, so sharing a source is sharing
-public content, never trusting another tenant.
+``Ready`` (label keys: :func:`model_agent.model.keys.node_label_key`) and whose agent advertises a peer address
+(``host:port``) in the annotation :data:`~model_agent.peers.PEER_ADDRESS_ANNOTATION` of **its node's own status
+ConfigMap** (:meth:`PeerDirectory.advertise`), never on the Node. The Node's labels say which models a node has;
+anything that may write the Node (its kubelet, under NodeRestriction, may set these labels and any annotation on
+its own Node) could claim them. The ConfigMap named after a node is written only by the agent whose pod-bound
+token names that node (the chart's ConfigMap admission policy): an address there is bound to the node claim, so a
+Node without an agent, or a kubelet pretending, is never asked for bytes and never sees a peer token. Models of any
+tenant with the same source count: what a peer serves is addressed by the digest this fetch's own origin listing
+promised and verified against it, so sharing a source is sharing public content, never trusting another tenant.
 
 :meth:`PeerDirectory.relaying` lists the Nodes labelled ``Updating`` for such a model: nodes fetching it, which
 serve the durable parts of their files (:mod:`.relay`); one that has not started a file answers 404 for it.
@@ -16,11 +19,11 @@ label key with the selector ``<key> in (Ready,Updating)``, cached per source for
 label keys (a source many models share costs more requests per lookup, so it is looked up less often: the API
 budget of the agent is shared with everything else it does; the LISTs of one lookup run up to
 :data:`PARALLEL_LISTS` at once, and callers that find the cache expired while a lookup is under way share it), so
-the files of one fetch cost one lookup
-(``fresh`` skips the cache); an
-API error gives no holders (the origin is used), it never fails the fetch. :meth:`PeerDirectory.ready_here`
-says whether this node's own Node is labelled Ready for a model of the source — what the other nodes'
-directories see — with one ``GET``; an API error answers no.
+the files of one fetch cost one lookup (``fresh`` skips the cache); the advertised addresses come from one metadata-only
+``LIST`` of the status ConfigMaps (:meth:`PeerDirectory.addresses`), cached for ``address_cache_s``. An API error
+gives no holders (the origin is used), it never fails the fetch. :meth:`PeerDirectory.ready_here` says whether this
+node's own Node is labelled Ready for a model of the source — what the other nodes' directories see — with one
+``GET``; an API error answers no.
 """
 
 from __future__ import annotations
@@ -33,9 +36,15 @@ from typing import Any
 
 import structlog
 
-from model_agent.kube.client import ApiError, ApiUnavailable, KubeClient
-from model_agent.kube.resources import NODES
-from model_agent.model.keys import node_label_key
+from model_agent.kube.client import METADATA_LIST, ApiError, ApiUnavailable, KubeClient
+from model_agent.kube.resources import CONFIGMAPS, NODES
+from model_agent.model.keys import (
+    CONFIGMAP_STATUS_LABEL,
+    CONFIGMAP_STATUS_LABEL_VALUE,
+    configmap_annotations,
+    configmap_labels,
+    node_label_key,
+)
 from model_agent.peers import PEER_ADDRESS_ANNOTATION
 
 log = structlog.get_logger(__name__)
@@ -68,7 +77,10 @@ class PeerDirectory:
     node_name: str
     models: Callable[[], Mapping[str, Iterable[dict[str, Any]]]]
     _: KW_ONLY
+    namespace: str = "ome"  # the agent's: where the nodes' status ConfigMaps are
     cache_s: float = 2.0
+    address_cache_s: float = 10.0
+    _addresses: tuple[float, dict[str, str]] = field(default=(0.0, {}), init=False, repr=False)
     _cache: dict[str, tuple[float, list[str], list[str]]] = field(default_factory=dict, init=False, repr=False)
     _running: dict[str, asyncio.Future[tuple[list[str], list[str]]]] = field(
         default_factory=dict, init=False, repr=False
@@ -117,10 +129,12 @@ class PeerDirectory:
                     return []
             return list(listed.get("items") or [])
 
-        for key, items in zip(keys, await asyncio.gather(*(nodes_of(k) for k in keys)), strict=True):
+        listed = await asyncio.gather(*(nodes_of(k) for k in keys))
+        addresses = await self.addresses() if any(listed) else {}
+        for key, items in zip(keys, listed, strict=True):
             for node in items:
                 meta = node.get("metadata") or {}
-                address = (meta.get("annotations") or {}).get(PEER_ADDRESS_ANNOTATION, "")
+                address = addresses.get(str(meta.get("name", "")), "")
                 if meta.get("name") != self.node_name and address:
                     state = (meta.get("labels") or {}).get(key)
                     (ready if state == "Ready" else updating).add(address)
@@ -142,7 +156,64 @@ class PeerDirectory:
         labels = (node.get("metadata") or {}).get("labels") or {}
         return any(labels.get(key) == "Ready" for key in keys)
 
+    async def addresses(self) -> dict[str, str]:
+        """Node name -> the peer address its agent advertises in its status ConfigMap (cached; {} on an API error).
+
+        One ``LIST`` of the ConfigMaps' metadata (``PartialObjectMetadataList``): the annotations without the
+        entries. A ConfigMap counts for the node it is named after, the name the admission policy binds to the
+        writing agent's node claim.
+        """
+        expires, known = self._addresses
+        if expires > time.monotonic():
+            return known
+        try:
+            listed = await self.client.request(
+                "GET",
+                CONFIGMAPS.path(self.namespace),
+                query={"labelSelector": f"{CONFIGMAP_STATUS_LABEL}={CONFIGMAP_STATUS_LABEL_VALUE}"},
+                accept=METADATA_LIST,
+            )
+        except (ApiError, ApiUnavailable) as exc:
+            log.warning("peer addresses not readable; using the origin", error=str(exc)[:200])
+            return {}
+        found: dict[str, str] = {}
+        for item in listed.get("items") or []:
+            meta = item.get("metadata") or {}
+            address = (meta.get("annotations") or {}).get(PEER_ADDRESS_ANNOTATION)
+            if isinstance(address, str) and address and isinstance(meta.get("name"), str):
+                found[meta["name"]] = address
+        self._addresses = (time.monotonic() + self.address_cache_s, found)
+        return found
+
     async def advertise(self, address: str | None) -> None:
-        """Write (or, with None, remove) this node's peer address annotation."""
+        """Write (or, with None, remove) this node's peer address on its status ConfigMap (created if missing).
+
+        An address an older agent left on the Node is removed: nothing reads it, and it would only mislead.
+        """
+        path = CONFIGMAPS.path(self.namespace, self.node_name)
         body = {"metadata": {"annotations": {PEER_ADDRESS_ANNOTATION: address}}}
-        await self.client.request("PATCH", NODES.path(name=self.node_name), body=body, content_type=MERGE_PATCH)
+        try:
+            await self.client.request("PATCH", path, body=body, content_type=MERGE_PATCH)
+        except ApiError as exc:
+            if exc.status != 404 or address is None:
+                raise
+            created = {
+                "apiVersion": "v1",
+                "kind": "ConfigMap",
+                "metadata": {
+                    "name": self.node_name,
+                    "namespace": self.namespace,
+                    "labels": configmap_labels(self.node_name),
+                    "annotations": {**configmap_annotations(self.node_name), PEER_ADDRESS_ANNOTATION: address},
+                },
+            }
+            try:
+                await self.client.request("POST", CONFIGMAPS.path(self.namespace), body=created)
+            except ApiError as again:
+                if again.status != 409:
+                    raise
+                await self.client.request("PATCH", path, body=body, content_type=MERGE_PATCH)  # the writer was first
+        node = await self.client.request("GET", NODES.path(name=self.node_name))
+        if PEER_ADDRESS_ANNOTATION in ((node.get("metadata") or {}).get("annotations") or {}):
+            legacy = {"metadata": {"annotations": {PEER_ADDRESS_ANNOTATION: None}}}
+            await self.client.request("PATCH", NODES.path(name=self.node_name), body=legacy, content_type=MERGE_PATCH)

@@ -300,7 +300,7 @@ class PeerServer:
                 del self._inflight[peer]
 
     async def _answer(self, req: web.Request) -> web.StreamResponse:
-        verdict = await self.reviewer.check(req.headers.get("Authorization"))
+        verdict = await self.reviewer.check(req.headers.get("Authorization"), req.remote)
         if not verdict.admitted:
             headers = {"WWW-Authenticate": "Bearer"} if verdict.status == 401 else {}
             return web.Response(status=verdict.status, headers=headers, text=verdict.why + "\n")

@@ -1,8 +1,8 @@
 """One agent's peer distribution, assembled: server, token checks, directory, bans and the fetch hook.
 
 Role: what :mod:`model_agent.agent.wiring` builds when the peer service is on, and what the runtime runs
-(:meth:`PeerService.run`: listen, advertise this node's address on its Node, serve until cancelled, then
-stop listening; the annotation is left, since a peer that cannot connect just moves on to the next).
+(:meth:`PeerService.run`: listen, advertise this node's address on its status ConfigMap, serve until cancelled,
+then stop listening; the annotation is left, since a peer that cannot connect just moves on to the next).
 :meth:`PeerService.status` is the ``peers`` part of ``/status``.
 """
 
@@ -53,8 +53,8 @@ class PeerService:
         self.config = config
         self.metrics = metrics
         username = config.allowed_username or service_account_username(namespace, "model-agent")
-        self.reviewer = TokenReviewer(client, config.audience, username)
-        self.directory = PeerDirectory(client, node_name, models)
+        self.directory = PeerDirectory(client, node_name, models, namespace=namespace)
+        self.reviewer = TokenReviewer(client, config.audience, username, addresses=self.directory.addresses)
         self.bans = Bans(config.ban_s, on_ban=lambda _a: metrics.peers_banned.inc())
         self.token_file = TokenFile(config.token_file) if config.token_file else None
         self.advertised = ""
