@@ -39,8 +39,10 @@ SA = "model-agent-peer-e2e"
 USERNAME = f"system:serviceaccount:ome:{SA}"
 
 
-async def mint_token(kube: Kube, tmp_path: Path, audience: str | None, name: str) -> Path:
-    """A TokenRequest token of the test's ServiceAccount (for ``audience``; None: the API server's own)."""
+async def mint_token(kube: Kube, tmp_path: Path, audience: str | None, name: str, node: str | None = None) -> Path:
+    """A TokenRequest token of the test's ServiceAccount (for ``audience``; None: the API server's own), bound to
+    the Node ``node`` (created if missing) when given: it then carries the node claim, as the kubelet's pod-bound
+    projected token does, which a peer server requires."""
     try:
         await kube.c.request(
             "POST",
@@ -53,6 +55,10 @@ async def mint_token(kube: Kube, tmp_path: Path, audience: str | None, name: str
     spec: dict[str, object] = {"expirationSeconds": 3600}
     if audience is not None:
         spec["audiences"] = [audience]
+    if node is not None:
+        await kube.create_node(node)
+        uid = (await kube.c.request("GET", f"/api/v1/nodes/{node}"))["metadata"]["uid"]
+        spec["boundObjectRef"] = {"kind": "Node", "apiVersion": "v1", "name": node, "uid": uid}
     answer = await kube.c.request(
         "POST",
         f"/api/v1/namespaces/ome/serviceaccounts/{SA}/token",
@@ -178,20 +184,23 @@ async def test_peers_serve_the_fleet_a_liar_is_banned_and_the_service_off_falls_
     total = sum(len(b) for b in files.values())
     repo = f"acme/peers-{unique}"
     await asyncio.to_thread(create_model_repo, mirrors_root, repo, files, lfs_patterns=(*DEFAULT_LFS_PATTERNS, "*.dat"))
-    token = await mint_token(kube, tmp_path, DEFAULT_AUDIENCE, "peer-token")
     group = f"peers-{unique}"
     args = ("--max-concurrent-origin-fetches", "1")
     ports = [free_port() for _ in range(4)]
     flip_port, flip_upstream = byte_flipper
     flip_upstream.append(ports[1])
+    roles = ["seed", "liar", "b", "c"]
+    tokens = {r: await mint_token(kube, tmp_path, DEFAULT_AUDIENCE, f"token-{r}", f"node-{unique}-{r}") for r in roles}
+    token = tokens["seed"]
     # seed: the first holder; liar: its peer server is honest but it advertises the byte-flipping proxy
     seed, liar, b, c = [
         await make_agent(
+            node=f"node-{unique}-{role}",
             labels={"peer-test": group},
             args=args,
-            env=peer_env(token, ports[i], f"127.0.0.1:{flip_port}" if role == "liar" else None),
+            env=peer_env(tokens[role], ports[i], f"127.0.0.1:{flip_port}" if role == "liar" else None),
         )
-        for i, role in enumerate(["seed", "liar", "b", "c"])
+        for i, role in enumerate(roles)
     ]
     off = await make_agent(labels={"peer-test": group}, args=args)  # the peer service off
     uri = f"hf://{repo}"
@@ -256,10 +265,12 @@ async def test_peers_serve_the_fleet_a_liar_is_banned_and_the_service_off_falls_
     # takes no byte from them and queues for the origin slot (held here by another node) instead of skipping it
     tenant_ns = f"tenant-{unique}"
     await kube.ensure_namespace(tenant_ns)
+    tenant_node = f"node-{unique}-tenant"
     tenant = await make_agent(
+        node=tenant_node,
         labels={"peer-test": group},
         args=(*args, "--tenant-address-allow", "127.0.0.0/8"),
-        env=peer_env(token, free_port()),
+        env=peer_env(await mint_token(kube, tmp_path, DEFAULT_AUDIENCE, "token-tenant", tenant_node), free_port()),
     )
     slot = await hold_origin_slot(kube, uri, "another-node")
     tenant_name = f"peers-tenant-{unique}"
@@ -288,8 +299,10 @@ async def test_peers_serve_the_fleet_a_liar_is_banned_and_the_service_off_falls_
     assert all((tenant.models_root / tenant_ns / "m" / rel).read_bytes() == data for rel, data in files.items())
     await kube.delete_model("BaseModel", tenant_name, tenant_ns)
 
-    # 3. the peer server refuses a token without the audience (403) and no token (401)
-    no_audience = (await mint_token(kube, tmp_path, None, "plain-token")).read_text()
+    # 3. the peer server refuses a token without the audience (403), one without a node claim (403), and no
+    # token (401)
+    no_audience = (await mint_token(kube, tmp_path, None, "plain-token", seed.node)).read_text()
+    unbound = (await mint_token(kube, tmp_path, DEFAULT_AUDIENCE, "unbound-token")).read_text()
     digest = hashlib.sha256(files["model.safetensors"]).hexdigest()
     url = f"http://127.0.0.1:{ports[0]}/blobs/sha256/{digest}"
     async with aiohttp.ClientSession() as s:
@@ -297,7 +310,70 @@ async def test_peers_serve_the_fleet_a_liar_is_banned_and_the_service_off_falls_
             assert r.status == 401
         async with s.get(url, headers={"Authorization": f"Bearer {no_audience}"}) as r:
             assert r.status == 403
+        async with s.get(url, headers={"Authorization": f"Bearer {unbound}"}) as r:
+            assert r.status == 403 and "names no node" in await r.text()
         async with s.get(url, headers={"Authorization": f"Bearer {token.read_text()}", "Range": "bytes=0-9"}) as r:
             assert r.status == 206 and await r.read() == files["model.safetensors"][:10]
     for agent in (seed, liar, b, c, off):
         await kube.delete_model(CBM, model_of(agent))
+
+
+async def test_a_node_that_only_labels_itself_a_holder_never_sees_a_probe_and_a_token_replayed_elsewhere_is_refused(
+    kube: Kube, olah: OlahServer, mirrors_root: Path, make_agent: AgentFactory, unique: str, tmp_path: Path
+) -> None:
+    """A Node without an agent (its kubelet, or anyone who may patch Nodes) labels itself Ready for the model and
+    annotates a peer address pointing at a recorder, as the Go-era directory read it. The agent fetching the model
+    never asks it: no digest, no token reaches the recorder. The agent's own token, replayed from another address,
+    is refused; from the agent's own address it is admitted."""
+    files = model_files(57)
+    repo = f"acme/rogue-{unique}"
+    await asyncio.to_thread(create_model_repo, mirrors_root, repo, files, lfs_patterns=(*DEFAULT_LFS_PATTERNS, "*.dat"))
+    seen: list[tuple[str, str, str]] = []
+
+    async def record(req: web.Request) -> web.Response:
+        seen.append((req.method, req.path, req.headers.get("Authorization", "")))
+        return web.Response(status=429, headers={"Retry-After": "60"})
+
+    app = web.Application()
+    app.router.add_route("*", "/{tail:.*}", record)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    recorder = free_port()
+    await web.TCPSite(runner, "127.0.0.1", recorder).start()
+    try:
+        name = f"rogue-{unique}"
+        rogue = f"node-{unique}-rogue"
+        await kube.create_node(rogue)
+        await kube.label_node(rogue, {node_label_key(CBM, "", name): "Ready"})
+        await kube.c.request(
+            "PATCH",
+            f"/api/v1/nodes/{rogue}",
+            body={"metadata": {"annotations": {"models.ome.io/peer-address": f"127.0.0.1:{recorder}"}}},
+            content_type="application/merge-patch+json",
+        )
+        node = f"node-{unique}-a"
+        token = await mint_token(kube, tmp_path, DEFAULT_AUDIENCE, "token-a", node)
+        port = free_port()
+        agent = await make_agent(node=node, env=peer_env(token, port))
+        await kube.apply(
+            cbm(name, f"hf://{repo}", str(agent.models_root / "m"), nodeSelector={"kubernetes.io/hostname": node})
+        )
+
+        async def ready() -> bool:
+            return (await kube.node_labels(node)).get(node_label_key(CBM, "", name)) == "Ready"
+
+        await eventually(ready, timeout=90, what="the model Ready from the origin")
+        assert seen == [], seen[:3]
+        assert on_disk(agent.models_root, files)
+        digest = hashlib.sha256(files["model.safetensors"]).hexdigest()
+        url = f"http://127.0.0.1:{port}/blobs/sha256/{digest}"
+        headers = {"Authorization": f"Bearer {token.read_text()}", "Range": "bytes=0-9"}
+        elsewhere = aiohttp.TCPConnector(local_addr=("127.0.0.2", 0))  # another host's address (loopback /8)
+        async with aiohttp.ClientSession(connector=elsewhere) as s, s.get(url, headers=headers) as r:
+            assert r.status == 403, r.status
+            assert "only from that node's address" in await r.text()
+        async with aiohttp.ClientSession() as s, s.get(url, headers=headers) as r:
+            assert r.status == 206 and await r.read() == files["model.safetensors"][:10]
+        await kube.delete_model(CBM, name)
+    finally:
+        await runner.cleanup()
