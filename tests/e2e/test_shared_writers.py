@@ -280,6 +280,7 @@ async def test_a_node_back_from_downtime_leaves_a_successors_weights_when_record
         )
 
     await eventually(successor_ready, timeout=120, what="node two Ready with the newer commit")
+    retired = trash_entries(shared)  # node two's retirement of the old commit's copy, before its fetch
     with PathWatcher(dest, newer) as watcher:
         one.start()
         await asyncio.to_thread(one.wait_ready)
@@ -291,8 +292,9 @@ async def test_a_node_back_from_downtime_leaves_a_successors_weights_when_record
         await eventually(settled, timeout=60, what="node one's entry removed")
     assert watcher.misses == [], watcher.misses[:5]
     assert {p: (dest / p).read_bytes() for p in newer} == newer
-    assert trash_entries(shared) == []
+    assert trash_entries(shared) == retired  # node one moved nothing
     assert (await kube.node_labels(two.node)).get(node_label_key(CBM, "", name)) == "Ready"
+    assert not any((tmp_path / "state-1" / "manifests").glob("*.json"))  # its stale record of the old copy went
     await kube.delete_model(CBM, name)
 
 
@@ -305,9 +307,9 @@ async def test_a_removal_stalled_while_the_model_is_created_again_never_moves_it
     tmp_path: Path,
     proxy: FaultProxy,
 ) -> None:
-    """Node one talks to the API server through a proxy that holds its Node PATCH for 10 s once the model is
-    deleted: its removal has decided, holds the shared guard and is writing its label when the model is applied
-    again with the same spec. Node two (a slower settle) sees the re-created object. The weights never leave the
+    """Node one talks to the API server through a proxy that holds each PATCH of its Node for 10 s: once its
+    removal has confirmed the model gone, it holds the shared guard and is writing its label (held) when the model
+    is applied again with the same spec. Node two (a slower settle) sees the re-created object. The weights never leave the
     path, both nodes end Ready for the new object, and the shared record names it."""
     files = tiny_llama(73)
     repo = f"acme/readopt-{unique}"
@@ -322,17 +324,24 @@ async def test_a_removal_stalled_while_the_model_is_created_again_never_moves_it
     body = cbm(name, f"hf://{repo}", str(dest), nodeSelector=group)
     await kube.apply(body)
     await asyncio.gather(wait_label(kube, one.node, name, "Ready"), wait_label(kube, two.node, name, "Ready"))
-    held = proxy.add_rule(Rule(rf"/api/v1/nodes/{one.node}$", stall(10.0), method="PATCH", times=1, name="label"))
+    held = proxy.add_rule(Rule(rf"/api/v1/nodes/{one.node}$", stall(10.0), method="PATCH", name="label"))
+
+    before = proxy.count(method="PATCH", path_contains=f"/nodes/{one.node}")
+
+    def label_write_held() -> bool:  # node one's removal decided and is removing its label (held by the proxy)
+        return proxy.count(method="PATCH", path_contains=f"/nodes/{one.node}") > before
+
     with PathWatcher(dest, files) as watcher:
         await kube.delete_model(CBM, name)
-        await proxy.await_for(lambda: proxy.stats().get("label", 0) >= 1, timeout=60, what="node one's label write")
-
-        async def gone() -> bool:
-            return await kube.model_gone(CBM, name)
-
-        await eventually(gone, timeout=30, what="the object deleted")
-        await kube.apply(body)
+        await proxy.await_for(label_write_held, timeout=60, what="node one's label removal")
+        await kube.apply(body)  # while node one's label write (every PATCH of its Node) is held for 10 s
         uid = (await kube.get_model(CBM, name))["metadata"]["uid"]
+
+        async def removal_ended() -> bool:  # node one's removal of the old object ran its course after the stall
+            text = one.log_text()
+            return "model removed" in text or "removal abandoned" in text
+
+        await eventually(removal_ended, timeout=90, what="node one's removal of the old object ended")
         await asyncio.gather(
             wait_label(kube, one.node, name, "Ready", timeout=120), wait_label(kube, two.node, name, "Ready")
         )
