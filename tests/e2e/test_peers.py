@@ -8,6 +8,7 @@ real TokenRequest token of a ServiceAccount for the peer audience, checked by th
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import json
 import re
@@ -377,3 +378,108 @@ async def test_a_node_that_only_labels_itself_a_holder_never_sees_a_probe_and_a_
         await kube.delete_model(CBM, name)
     finally:
         await runner.cleanup()
+
+
+async def test_a_forged_resolve_record_and_a_rogue_holder_never_get_bytes_the_hub_did_not_vouch_for_published(
+    kube: Kube, olah: OlahServer, mirrors_root: Path, make_agent: AgentFactory, unique: str, tmp_path: Path
+) -> None:
+    """A compromised agent node (its token can write resolve records and its own status ConfigMap) writes the
+    model's resolve record with the digest of its own weights, labels its Node Ready and serves those weights as a
+    peer. An honest node fetching the model confirms the record with its own hub listing, takes no byte the hub
+    did not list (the rogue's bytes fail verification), publishes the hub's weights, and rewrites the record."""
+    files = model_files(59)
+    repo = f"acme/forged-{unique}"
+    commit = await asyncio.to_thread(
+        create_model_repo, mirrors_root, repo, files, lfs_patterns=(*DEFAULT_LFS_PATTERNS, "*.dat")
+    )
+    uri = f"hf://{repo}"
+    forged = b"EVIL" * (len(files["model.safetensors"]) // 4)
+    forged_digest = hashlib.sha256(forged).hexdigest()
+    asked: list[str] = []
+
+    async def serve(req: web.Request) -> web.StreamResponse:  # the rogue peer: its weights for any digest
+        asked.append(req.path)
+        if req.method == "HEAD":
+            return web.Response(status=200, headers={"Content-Length": str(len(forged)), "Accept-Ranges": "bytes"})
+        first, last = 0, len(forged) - 1
+        if req.http_range.start is not None:
+            first = req.http_range.start
+            last = (req.http_range.stop or len(forged)) - 1
+        headers = {"Content-Range": f"bytes {first}-{last}/{len(forged)}", "Accept-Ranges": "bytes"}
+        return web.Response(status=206, body=forged[first : last + 1], headers=headers)
+
+    app = web.Application()
+    app.router.add_route("*", "/{tail:.*}", serve)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    rogue_port = free_port()
+    await web.TCPSite(runner, "127.0.0.1", rogue_port).start()
+    try:
+        name = f"forged-{unique}"
+        rogue = f"node-{unique}-rogue"
+        await kube.create_node(rogue)
+        await kube.label_node(rogue, {node_label_key(CBM, "", name): "Ready"})
+        await kube.c.request(  # where an older directory read peer addresses (its node's agent may write it too)
+            "PATCH",
+            f"/api/v1/nodes/{rogue}",
+            body={"metadata": {"annotations": {"models.ome.io/peer-address": f"127.0.0.1:{rogue_port}"}}},
+            content_type="application/merge-patch+json",
+        )
+        status_labels = {"models.ome/basemodel-status": "true", "models.ome/node": rogue}
+        await kube.c.request(  # what the rogue's own agent token may write: its node's status ConfigMap...
+            "POST",
+            "/api/v1/namespaces/ome/configmaps",
+            body={
+                "apiVersion": "v1",
+                "kind": "ConfigMap",
+                "metadata": {
+                    "name": rogue,
+                    "labels": status_labels,
+                    "annotations": {"models.ome.io/peer-address": f"127.0.0.1:{rogue_port}"},
+                },
+            },
+        )
+        listing = []
+        for path, data in sorted(files.items()):
+            lfs = path.endswith((".safetensors", ".dat"))
+            entry = {"path": path, "size": len(data), "sha256": hashlib.sha256(data).hexdigest() if lfs else None}
+            entry["git_sha1"] = None if lfs else hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
+            if path == "model.safetensors":
+                entry.update(size=len(forged), sha256=forged_digest)
+            listing.append(entry)
+        record = "model-agent-resolve-" + hashlib.sha256(uri.encode()).hexdigest()[:24]
+        await kube.c.request(  # ...and any resolve record: this one names its own weights
+            "POST",
+            "/api/v1/namespaces/ome/configmaps",
+            body={
+                "apiVersion": "v1",
+                "kind": "ConfigMap",
+                "metadata": {"name": record, "labels": {"app.kubernetes.io/managed-by": "model-agent"}},
+                "data": {
+                    "uri": uri,
+                    "commit": commit,
+                    "files": json.dumps(listing),
+                    "at": str(datetime.now(UTC).timestamp()),
+                },
+            },
+        )
+        node = f"node-{unique}-honest"
+        token = await mint_token(kube, tmp_path, DEFAULT_AUDIENCE, "token-honest", node)
+        args = ("--max-concurrent-origin-fetches", "1")  # (resolve records are used with origin slots)
+        agent = await make_agent(node=node, args=args, env=peer_env(token, free_port()))
+        await kube.apply(cbm(name, uri, str(agent.models_root / "m"), nodeSelector={"kubernetes.io/hostname": node}))
+
+        async def ready() -> bool:
+            return (await kube.node_labels(node)).get(node_label_key(CBM, "", name)) == "Ready"
+
+        await eventually(ready, timeout=90, what="the model Ready with the hub's bytes")
+        assert on_disk(agent.models_root, files)
+        assert f"/blobs/sha256/{forged_digest}" not in asked, asked[:5]
+        rewritten = await kube.c.request("GET", f"/api/v1/namespaces/ome/configmaps/{record}")
+        weights = [f for f in json.loads(rewritten["data"]["files"]) if f["path"] == "model.safetensors"]
+        assert weights[0]["sha256"] == hashlib.sha256(files["model.safetensors"]).hexdigest()
+        await kube.delete_model(CBM, name)
+    finally:
+        await runner.cleanup()
+        with contextlib.suppress(ApiError):  # the rogue's status ConfigMap (no agent of that node removes it)
+            await kube.c.request("DELETE", f"/api/v1/namespaces/ome/configmaps/node-{unique}-rogue")
