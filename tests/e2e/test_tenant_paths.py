@@ -207,3 +207,56 @@ async def test_a_tenant_does_not_get_a_trashed_cluster_model(
         fetched = tree(dest) or {}
         assert {k: fetched.get(k) for k in files} == files
     await kube.delete_model(BM, tenant, EVIL_NS)
+
+
+async def test_a_tenant_on_another_node_of_a_shared_root_neither_adopts_nor_adds_to_a_trusted_directory(
+    kube: Kube, mirrors_root: Path, make_agent: AgentFactory, unique: str, tmp_path: Path
+) -> None:
+    """Two nodes share one models root. A ClusterBaseModel selects node B only; a tenant's BaseModels select node
+    A only, where the ClusterBaseModel is not live. (a) One names the same source and directory: it must not take
+    the platform's copy without fetching with its own credentials. (b) One names its own source at that directory:
+    nothing may be added to it. Both are refused (the directory is the ClusterBaseModel's on the shared root);
+    the trusted directory and its Ready state stay as they were."""
+    shared = tmp_path / "shared-models"
+    trusted_node, tenant_node = f"node-{unique}-b", f"node-{unique}-a"
+    b = await make_agent(node=trusted_node, models_root=shared, args=(*AGENT_ARGS, *NO_BREAKER))
+    a = await make_agent(node=tenant_node, models_root=shared, args=(*AGENT_ARGS, *NO_BREAKER))
+    await kube.ensure_namespace(EVIL_NS)
+    repo, evil_repo = f"acme/gated-{unique}", f"acme/extra-{unique}"
+    files = tiny_llama(5)
+    evil_files = {"chat_template.jinja": b"{{ exfiltrate() }}", "extra.safetensors": b"\0" * 64}
+    await asyncio.to_thread(create_model_repo, mirrors_root, repo, files)
+    await asyncio.to_thread(create_model_repo, mirrors_root, evil_repo, evil_files)
+    dest = shared / f"org-{unique}" / "llama"
+    name = f"trusted-{unique}"
+    await kube.apply(cbm(name, f"hf://{repo}", str(dest), nodeSelector={"kubernetes.io/hostname": trusted_node}))
+    await wait_ready(kube, b, CBM, "", name)
+    before = tree(dest)
+    assert before is not None and {k: before.get(k) for k in files} == files
+    on_a = {"kubernetes.io/hostname": tenant_node}
+    cbm_key = f"ClusterBaseModel//{name}"
+    attempts = {  # one at a time: each must be refused for the trusted model's sake, not for the other's
+        f"steal-{unique}": f"hf://{repo}",
+        f"poison-{unique}": f"hf://{evil_repo}",
+    }
+    for tenant, uri in attempts.items():
+        await kube.apply(bm(EVIL_NS, tenant, uri, str(dest), nodeSelector=on_a))
+
+        async def settled(tenant: str = tenant) -> tuple[Any, Any] | None:
+            label, entry = await state(kube, a, BM, EVIL_NS, tenant)
+            settled = label in ("Ready", "Failed") and (entry or {}).get("status") == label
+            return (label, entry) if settled else None
+
+        label, entry = await eventually(settled, timeout=60, what=f"{tenant} settled")
+        assert label == "Failed" and str(entry.get("reason", "")).startswith("PathConflict: "), (tenant, entry)
+        assert cbm_key in entry["reason"], entry
+        assert tree(dest) == before  # nothing added, nothing replaced
+        await kube.delete_model(BM, tenant, EVIL_NS)
+
+        async def gone(tenant: str = tenant) -> bool:
+            return await state(kube, a, BM, EVIL_NS, tenant) == (None, None)
+
+        await eventually(gone, timeout=60, what=f"{tenant}'s label and entry removed")
+    assert tree(dest) == before
+    assert (await state(kube, b, CBM, "", name))[0] == "Ready"
+    await kube.delete_model(CBM, name)
