@@ -244,10 +244,12 @@ async def test_a_tenant_on_another_node_of_a_shared_root_neither_adopts_nor_adds
 
         async def settled(tenant: str = tenant) -> tuple[Any, Any] | None:
             label, entry = await state(kube, a, BM, EVIL_NS, tenant)
-            settled = label in ("Ready", "Failed") and (entry or {}).get("status") == label
-            return (label, entry) if settled else None
+            done = label in ("Ready", "Failed") and (entry or {}).get("status") == label
+            return (label, entry) if done else None
 
-        label, entry = await eventually(settled, timeout=60, what=f"{tenant} settled")
+        found = await eventually(settled, timeout=60, what=f"{tenant} settled")
+        assert found is not None
+        label, entry = found
         assert label == "Failed" and str(entry.get("reason", "")).startswith("PathConflict: "), (tenant, entry)
         assert cbm_key in entry["reason"], entry
         assert tree(dest) == before  # nothing added, nothing replaced
