@@ -309,8 +309,8 @@ async def test_a_removal_stalled_while_the_model_is_created_again_never_moves_it
 ) -> None:
     """Node one talks to the API server through a proxy that holds each PATCH of its Node for 10 s: once its
     removal has confirmed the model gone, it holds the shared guard and is writing its label (held) when the model
-    is applied again with the same spec. Node two (a slower settle) sees the re-created object. The weights never leave the
-    path, both nodes end Ready for the new object, and the shared record names it."""
+    is applied again with the same spec. Node two (a slower settle) sees the re-created object. The weights never
+    leave the path, both nodes end Ready for the new object, and the shared record names it."""
     files = tiny_llama(73)
     repo = f"acme/readopt-{unique}"
     await asyncio.to_thread(create_model_repo, mirrors_root, repo, files)
