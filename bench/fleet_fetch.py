@@ -18,8 +18,9 @@ bytecode as the image's agent does (:mod:`bench.bytecode`).
 
 Modes: (a) every node from the origin, no slot limit; (b) Lease origin slots only (``--slots``); (c) peer
 distribution: the same origin slots (the slot holders seed) plus ``--peer-*``: each agent serves on its
-namespace address, advertises it on its Node, presents a TokenRequest token of one ServiceAccount for the
-peer audience (checked by the API server's TokenReview) and paces uploads at ``--peer-upload-cap``;
+namespace address, advertises it on its node's status ConfigMap, presents a TokenRequest token of one
+ServiceAccount for the peer audience bound to its Node (checked by the API server's TokenReview; admitted only
+from the address that node advertises) and paces uploads at ``--peer-upload-cap``;
 (d) one shared models root for all agents (``--shared-root``; one directory on the same local disk, not a
 network filesystem). Every mode has one ClusterBaseModel for the whole fleet (a trusted owner), as users run it;
 in (a)-(c) each node keeps it at the same path on its own root (the agent's root bind-mounted at one path in the
@@ -258,8 +259,9 @@ def agent_ready(ns: str, port: int) -> bool:
     return out.stdout.strip() == "200"
 
 
-async def mint_peer_token(admin: KubeClient, path: Path) -> None:
-    """A TokenRequest token of the bench's ServiceAccount for the peer audience, written to ``path``."""
+async def mint_peer_token(admin: KubeClient, path: Path, node: str) -> None:
+    """A TokenRequest token of the bench's ServiceAccount for the peer audience, bound to the Node ``node`` (so it
+    carries the node claim a peer server requires, as the kubelet's pod-bound token does), written to ``path``."""
     for url, body in (
         (
             "/api/v1/namespaces",
@@ -275,7 +277,9 @@ async def mint_peer_token(admin: KubeClient, path: Path) -> None:
         except ApiError as exc:
             if exc.status != 409:
                 raise
-    spec = {"audiences": [DEFAULT_AUDIENCE], "expirationSeconds": 3600}
+    uid = (await admin.request("GET", NODES.path(name=node)))["metadata"]["uid"]
+    bound = {"kind": "Node", "apiVersion": "v1", "name": node, "uid": uid}
+    spec = {"audiences": [DEFAULT_AUDIENCE], "expirationSeconds": 3600, "boundObjectRef": bound}
     answer = await admin.request(
         "POST",
         f"/api/v1/namespaces/{AGENT_NAMESPACE}/serviceaccounts/{PEER_SA}/token",
@@ -359,7 +363,7 @@ async def cell(mode: str, n: int, args: argparse.Namespace, work: Path, mirrors:
             names = [f"ff-{i:02d}" for i in range(n)]
             group = {"fleet-fetch": "1"}
             shared = work / "shared-root"
-            token = work / "peer-token"
+            tokens = [work / f"peer-token-{name}" for name in names]
             nodes: list[netns.Node] = []
             for i, name in enumerate(names):
                 node = bridge.add_node(i, node_cap=node_cap)
@@ -367,7 +371,8 @@ async def cell(mode: str, n: int, args: argparse.Namespace, work: Path, mirrors:
                 fwd.add(netns.listen_in(node.netns, "127.0.0.1", api_port), ("127.0.0.1", api_port))
                 await admin.request("POST", NODES.path(), body=cp.node_manifest(name, group))
             if mode == "c":
-                await mint_peer_token(admin, token)
+                for name, token in zip(names, tokens, strict=True):
+                    await mint_peer_token(admin, token, name)
             started = time.monotonic()
             # One model for the fleet, as users run it: every node keeps it at the same path on its own disk. Here
             # each agent's own root is bind-mounted at that path in its private mount namespace (``ip netns exec``
@@ -382,7 +387,13 @@ async def cell(mode: str, n: int, args: argparse.Namespace, work: Path, mirrors:
                     argv += ["sh", "-c", 'mount --bind "$1" "$2" && shift 2 && exec "$@"', "sh", str(own), str(models)]
                 argv += [sys.executable, "-m", "model_agent", "run"]
                 argv += ["--kubeconfig", str(plane.kubeconfig), "--models-root-dir", str(models)]
-                argv += ["--port", str(METRICS_PORT), "--log-level", "info", *mode_flags(mode, args, nodes[i], token)]
+                argv += [
+                    "--port",
+                    str(METRICS_PORT),
+                    "--log-level",
+                    "info",
+                    *mode_flags(mode, args, nodes[i], tokens[i]),
+                ]
                 env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "MODEL_AGENT_"))}
                 env |= {"NODE_NAME": name, "HF_ENDPOINT": hf_endpoint, "HF_HOME": str(work / f"hf-{name}")}
                 env |= {"HF_HUB_DISABLE_TELEMETRY": "1", "HF_HUB_DISABLE_XET": "1"}
