@@ -55,6 +55,9 @@ EXPECTED_FLAGS: dict[str, tuple[str, bool, bool]] = {
     "--verify-interval": ("float", False, False),
     "--verify-rate": ("float", False, False),
     "--workers": ("int", False, False),
+    "--model-verification-concurrency": ("int", False, False),
+    "--num-high-priority-worker": ("int", False, False),
+    "--same-path-wait-timeout": ("str", False, False),
     "--startup-jitter": ("float", False, False),
     "--confirm-batch-threshold": ("int", False, False),
     "--confirm-debounce": ("float", False, False),
@@ -186,6 +189,9 @@ def test_each_flag_sets_its_field(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     given("--verify-interval", "verify_interval_s", 22.5)
     given("--verify-rate", "verify_rate_bytes_s", 23.5)
     given("--workers", "workers", 24)
+    given("--model-verification-concurrency", "model_verification_concurrency", 4)
+    given("--num-high-priority-worker", "num_high_priority_worker", 2)
+    given("--same-path-wait-timeout", "same_path_wait_timeout", "1h30m")
     given("--startup-jitter", "startup_jitter_s", 25.5)
     given("--confirm-batch-threshold", "confirm_batch_threshold", -1)
     given("--confirm-debounce", "confirm_debounce_s", 26.5)

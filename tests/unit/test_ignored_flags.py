@@ -51,7 +51,12 @@ def test_the_environment_counts_as_setting_a_flag(monkeypatch: pytest.MonkeyPatc
 
 def test_every_ignored_field_is_a_flag_of_run() -> None:
     assert set(IGNORED) <= set(Settings.model_fields)
-    assert [flag_name(field) for field in IGNORED] == ["--download-retry", "--concurrency"]
+    assert [flag_name(field) for field in IGNORED] == [
+        "--download-retry",
+        "--concurrency",
+        "--num-high-priority-worker",
+        "--same-path-wait-timeout",
+    ]
 
 
 def test_warn_ignored_logs_one_warning_per_flag() -> None:

@@ -44,3 +44,14 @@ def test_the_discard_area_is_private_and_not_reported_as_unmanaged(tmp_path: Pat
     assert discard(root, root.staging / "stale") is not None
     (root.path / "hand-copied").mkdir()
     assert unmanaged_directories(layout, []) == [root.path / "hand-copied"]
+
+
+def test_omes_own_records_at_a_root_are_left_alone_and_not_reported(tmp_path: Path) -> None:
+    """OME's newer agents keep integrity manifests under ``<root>/.ome/``: not a model, not this agent's."""
+    layout = layout_at(tmp_path)
+    root = layout.primary
+    (root.path / ".ome" / "manifests").mkdir(parents=True)
+    (root.path / ".ome" / "manifests" / "m.json").write_text("{}")
+    (root.path / "org" / ".ome").mkdir(parents=True)  # only at the root: deeper it is an ordinary directory
+    assert unmanaged_directories(layout, []) == [root.path / "org"]
+    assert (root.path / ".ome" / "manifests" / "m.json").read_text() == "{}"

@@ -120,17 +120,42 @@ def test_ordinary_words_from_a_tenant_secret_do_not_mask_log_lines() -> None:
     assert doc["reason"] == "Failed: BaseModel/team-a/x abcdefg"
 
 
-def test_the_registry_is_bounded_and_forgets_the_oldest_first() -> None:
-    values = [f"credential-{i:06d}-{secrets.token_hex(4)}" for i in range(agent_logging.MAX_SECRETS + 50)]
+def test_a_namespaces_share_is_bounded_and_forgets_its_oldest_first() -> None:
+    values = [f"credential-{i:06d}-{secrets.token_hex(4)}" for i in range(agent_logging.MAX_PER_NAMESPACE + 50)]
+    before = agent_logging.registered_count()  # (what earlier tests left)
     try:
         for value in values:
-            register_secret(value)
-        assert agent_logging.registered_count() <= agent_logging.MAX_SECRETS
+            register_secret(value, "team-a")
+        assert agent_logging.registered_count() <= before + agent_logging.MAX_PER_NAMESPACE
         line = render("info", f"old {values[0]} new {values[-1]}")
         assert values[-1] not in line  # the newest is masked
         assert values[0] in line  # the oldest aged out
     finally:
         for value in values:
+            agent_logging.forget_secret(value)
+
+
+def test_a_tenant_flooding_the_registry_never_evicts_the_platforms_token_nor_much_of_another_tenants() -> None:
+    """One tenant Secret of 1,100 credential-named keys (and many such Secrets): the platform's HF_TOKEN, registered
+    first, is still masked; another tenant's one token too."""
+    platform = "hf_" + secrets.token_hex(16)
+    other = "other-" + secrets.token_hex(12)
+    flood = [f"flood-{i:06d}-{secrets.token_hex(6)}" for i in range(agent_logging.MAX_SECRETS + 1100)]
+    before = agent_logging.registered_count()  # (what earlier tests left)
+    try:
+        register_secret(platform)
+        register_secret(other, "team-b")
+        for i, value in enumerate(flood):
+            register_secret(value, f"team-evil-{i % 20}")  # a tenant with many namespaces, each filled
+        assert agent_logging.registered_count() <= before + agent_logging.MAX_SECRETS + 1
+        line = render("info", f"token {platform} and {other}")
+        assert platform not in line and other not in line
+        register_secret(platform, "team-evil-0")  # a tenant naming the platform's value cannot take it over
+        for value in flood[:300]:
+            register_secret(value, "team-evil-0")
+        assert platform not in render("info", f"token {platform}")
+    finally:
+        for value in (platform, other, *flood):
             agent_logging.forget_secret(value)
 
 

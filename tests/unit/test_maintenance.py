@@ -14,6 +14,7 @@ from prometheus_client import CollectorRegistry, Counter
 from model_agent.agent.maintenance import BUSY_ROUNDS, Maintenance
 from model_agent.agent.shared_root import VerifyTurn
 from model_agent.local.manifest import FileRecord, Manifest
+from tests.support.waiting import until
 
 DEADLINE_S = 10.0
 
@@ -47,7 +48,9 @@ class Records:
         return self.by_key.get(key)
 
 
-def _maintenance(tmp_path: Path, turns: Turns, keys: list[str]) -> tuple[Maintenance, list[str], Counter]:
+def _maintenance(
+    tmp_path: Path, turns: Turns, keys: list[str], concurrency: int = 1
+) -> tuple[Maintenance, list[str], Counter]:
     manifests = [
         Manifest(k, "uid", "s3://b/m", str(tmp_path / k), files=[FileRecord("w.bin", 1)], owned=True) for k in keys
     ]
@@ -55,7 +58,7 @@ def _maintenance(tmp_path: Path, turns: Turns, keys: list[str]) -> tuple[Mainten
     wiring: Any = SimpleNamespace(
         manifests=Records(manifests),
         shared_roots=turns,
-        settings=SimpleNamespace(verify_interval_s=86400.0),
+        settings=SimpleNamespace(verify_interval_s=86400.0, model_verification_concurrency=concurrency),
         metrics=SimpleNamespace(verifications_skipped=skipped),
     )
     maintenance = Maintenance(wiring, set, busy_retry_s=0.0)
@@ -67,6 +70,29 @@ def _maintenance(tmp_path: Path, turns: Turns, keys: list[str]) -> tuple[Mainten
 
     maintenance._verify_one = verify_one  # type: ignore[method-assign]
     return maintenance, hashed, skipped
+
+
+async def test_model_verification_concurrency_re_hashes_that_many_models_at_once(tmp_path: Path) -> None:
+    """OME's ``--model-verification-concurrency``: N models hashed at once, never more."""
+    turns = Turns({}, VerifyTurn.ALONE)
+    maintenance, _, _ = _maintenance(tmp_path, turns, ["a", "b", "c", "d", "e"], concurrency=2)
+    running, most = 0, 0
+    release = asyncio.Event()
+
+    async def verify_one(manifest: Manifest) -> list[str]:
+        nonlocal running, most
+        running += 1
+        most = max(most, running)
+        await release.wait()
+        running -= 1
+        return []
+
+    maintenance._verify_one = verify_one  # type: ignore[method-assign]
+    task = asyncio.create_task(maintenance.verify(scheduled=True))
+    await until(lambda: running == 2, "two models hashed at once")
+    release.set()
+    assert sorted(await asyncio.wait_for(task, DEADLINE_S)) == ["a", "b", "c", "d", "e"]
+    assert most == 2
 
 
 async def test_a_model_busy_at_the_pass_is_verified_once_its_turn_frees(tmp_path: Path) -> None:

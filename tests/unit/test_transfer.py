@@ -33,6 +33,7 @@ from model_agent.local.capacity import CapacityRegistry, DiskReserve, DiskUsage
 from model_agent.sources.base import SourceError
 from model_agent.transfer import Expected, RangedConfig, RangedDownloader, fetched_in_one_request, hashing, job, splice
 from model_agent.transfer.partmap import PartMap
+from model_agent.transfer.transport import no_proxy_matches
 from tests.support.waiting import eventually, until
 
 KiB = 1024
@@ -1119,6 +1120,47 @@ async def test_http_proxy_from_the_environment_is_used_and_no_proxy_bypasses_it(
         await origin.stop()
     assert len(proxy.ranges) == 3 and len(origin.ranges) == 3
     assert (tmp_path / "a").read_bytes() == data
+
+
+@pytest.mark.parametrize(
+    ("host", "port", "no_proxy", "bypassed"),
+    [
+        ("10.1.2.3", 8090, "10.0.0.0/8", True),  # a CIDR range (Python's proxy_bypass ignores it)
+        ("10.1.2.3", 8090, "192.168.0.0/16,10.0.0.0/8", True),
+        ("11.1.2.3", 8090, "10.0.0.0/8", False),
+        ("fd00::5", 8090, "fd00::/8", True),
+        ("[fd00::5]", 8090, "fd00::/8", True),
+        ("10.1.2.3", 8090, "10.1.2.3", True),
+        ("10.1.2.3", 8090, "10.1.2.3:9000", False),  # another port
+        ("hub.example.org", 443, ".example.org", True),
+        ("hub.example.org", 443, "example.org", True),
+        ("hub.example.org", 443, "*.example.org", True),
+        ("badexample.org", 443, "example.org", False),
+        ("hub.example.org", 443, "*", True),
+        ("hub.example.org", 443, "", False),
+        ("10.1.2.3", 8090, "not-a-range/99", False),
+    ],
+)
+def test_no_proxy_reads_cidr_ranges_domains_and_ports(host: str, port: int, no_proxy: str, bypassed: bool) -> None:
+    assert no_proxy_matches(host, port, no_proxy) is bypassed
+
+
+async def test_a_peer_session_never_uses_the_environment_proxy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A proxy set for everything (NO_PROXY empty) is not used with ``use_proxy=False``: the peer token never goes
+    through it."""
+    data = os.urandom(600 * KiB)
+    proxy = await origin_for(data)
+    origin = await origin_for(data)
+    monkeypatch.setenv("HTTP_PROXY", proxy.url.removesuffix("/file"))
+    monkeypatch.delenv("NO_PROXY", raising=False)
+    monkeypatch.delenv("no_proxy", raising=False)
+    try:
+        direct = replace(FAST, use_proxy=False)
+        await engine(direct).download(origin.url, tmp_path / "p", Expected(len(data), digests(data)))
+    finally:
+        await proxy.stop()
+        await origin.stop()
+    assert proxy.ranges == [] and len(origin.ranges) == 3
 
 
 async def test_an_engine_session_reads_the_proxy_environment_once_per_origin(

@@ -21,9 +21,11 @@ from model_agent.model.uris import (
     OciUri,
     PvcUri,
     S3Uri,
+    StorageType,
     StorageUri,
     VendorUri,
     parse_storage_uri,
+    storage_type,
 )
 
 ACCEPTED: list[tuple[str, StorageUri]] = [
@@ -57,6 +59,14 @@ ACCEPTED: list[tuple[str, StorageUri]] = [
     # Deliberate: "@" outside the first segment is part of the prefix. OME splits at the first "@"
     # anywhere (namespace "bkt/dir", region "x", bucket "more", no prefix) and cannot download it.
     ("oci://bkt/dir@x/more", OciUri("", "bkt", "dir@x/more/")),
+    # A bucket with a dot is still Object Storage when the path reads as no registry reference (no tag).
+    ("oci://my.bucket/models/llama", OciUri("", "my.bucket", "models/llama/")),
+    ("oci://registry.example/org/model", OciUri("", "registry.example", "org/model/")),
+    # --- ocios://: OME's newer, unambiguous spelling of the same three Object Storage shapes.
+    ("ocios://n/tenancy/b/models/o/meta/llama-3.1-8b", OciUri("tenancy", "models", "meta/llama-3.1-8b/")),
+    ("ocios://ns@us-ashburn-1/bkt/a/b", OciUri("ns", "bkt", "a/b/", "us-ashburn-1")),
+    ("ocios://bkt/a/b", OciUri("", "bkt", "a/b/")),
+    ("ocios://my.bucket/org/model:v1", OciUri("", "my.bucket", "org/model:v1/")),  # ocios: never a registry
     # --- S3 / GCS / Azure.
     ("s3://bucket/models/x", S3Uri("bucket", "", "models/x")),
     ("s3://bucket@eu-west-1/models/x", S3Uri("bucket", "eu-west-1", "models/x")),
@@ -121,6 +131,12 @@ REFUSED: list[tuple[str, str]] = [
     ("hf://org/model@a\\b", "write a branch, a tag, a commit id or refs/pr/{N}"),
     ("hf://org/model\n", "control characters"),
     ("hf://org/model\x00", "control characters"),
+    # --- OCI: a container-registry reference (a ModelPack artifact) is not fetched here: UnsupportedStorageUri.
+    ("oci://registry.example/org/model:v1", "for OCI Object Storage write ocios://n/{namespace}/b/{bucket}/o/"),
+    ("oci://registry.example:5000/org/team/model:2026-01", "names an image in a container registry"),
+    ("oci://localhost/model:latest", "names an image in a container registry"),
+    ("oci://registry.example/org/model@sha256:" + "ab" * 32, "names an image in a container registry"),
+    ("ocios://bkt", "name the folder that holds the model"),
     # --- OCI: an empty prefix becomes "/" in OME, which lists nothing.
     ("oci://bkt", "name the folder that holds the model, oci://n/{namespace}/b/bkt/o/{folder}"),
     ("oci://bkt/", "OME would list objects under '/' and find none"),
@@ -196,3 +212,18 @@ def test_tables_do_not_overlap() -> None:
     assert len(set(accepted)) == len(accepted)
     assert len(set(refused)) == len(refused)
     assert not set(accepted) & set(refused)
+
+
+@pytest.mark.parametrize(
+    ("uri", "code"),
+    [
+        ("oci://registry.example/org/model:v1", "UnsupportedStorageUri"),
+        ("oci://bkt", "InvalidStorageUri"),
+        ("ocios://bkt", "InvalidStorageUri"),
+    ],
+)
+def test_a_registry_reference_is_unsupported_not_malformed(uri: str, code: str) -> None:
+    with pytest.raises(InvalidStorageUri) as raised:
+        parse_storage_uri(uri)
+    assert raised.value.code == code
+    assert storage_type(uri) == StorageType.OCI

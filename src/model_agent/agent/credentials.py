@@ -84,6 +84,12 @@ def _decode(raw: str) -> str | None:
         return None
 
 
+def _share(obj: ModelObject) -> str | None:
+    """Whose share of the log-masking registry a model's credentials take: its namespace; None (the platform's,
+    pinned) for a ClusterBaseModel."""
+    return obj.ref.namespace or None
+
+
 async def resolve_hf_token(client: KubeClient, obj: ModelObject, agent_namespace: str) -> ResolvedToken:
     """The Hugging Face token for ``obj``, in the module's order; a named Secret that fails is an error, not anonymous.
 
@@ -101,16 +107,16 @@ async def resolve_hf_token(client: KubeClient, obj: ModelObject, agent_namespace
             raise SourceError(Reason.SECRET_INVALID, f"Secret {where} key {data_key!r} is not text")
         if not token:
             raise SourceError(Reason.SECRET_INVALID, f"Secret {where} key {data_key!r} is empty")
-        register_secret(token)
-        register_secret(raw)  # the Secret's own base64 text, should an object or a response ever be logged
+        register_secret(token, _share(obj))
+        register_secret(raw, _share(obj))  # the Secret's own base64 text, should an object or a response be logged
         return ResolvedToken(token, "secret")
     inline = storage.parameters.get("token", "").strip()
     if inline:
-        register_secret(inline)
+        register_secret(inline, _share(obj))
         return ResolvedToken(inline, "parameters")
     env = os.environ.get("HF_TOKEN", "").strip()
     if env and is_trusted(model_owner(obj), current()):  # the platform token never serves a tenant
-        register_secret(env)
+        register_secret(env)  # the platform's: pinned
         return ResolvedToken(env, "environment")
     return ResolvedToken(None, "anonymous")
 
@@ -134,6 +140,6 @@ async def read_storage_secret(client: KubeClient, obj: ModelObject, agent_namesp
         if value is None:
             continue
         if is_credential_name(str(name)):
-            register_secret(value)
+            register_secret(value, _share(obj))
         data[str(name)] = value
     return data

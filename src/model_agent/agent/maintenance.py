@@ -26,6 +26,7 @@ import asyncio
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import structlog
 
@@ -52,6 +53,8 @@ class Maintenance:
     ) -> None:
         self.w = wiring
         self.busy_retry_s = busy_retry_s
+        self._verifying = asyncio.Lock()  # one verification pass at a time (scheduled or asked for)
+        self.verify_progress: dict[str, Any] | None = None  # the running pass: models, done, startedAt, scheduled
         self._cached_keys = cached_keys  # the cached models' keys at this instant
         self.unmanaged: list[Path] = []
         self._inventory_keys: set[str] | None = None  # the next inventory pass's keys, while one is due
@@ -102,32 +105,52 @@ class Maintenance:
     async def verify(self, keys: list[str] | None = None, *, scheduled: bool = False) -> dict[str, list[str]]:
         """Re-hash the files of the given models (all when None); damaged ones are refetched. Path -> damage.
 
+        Up to ``--model-verification-concurrency`` models are re-hashed at once (each at ``--verify-rate``).
         ``scheduled`` (the periodic pass): on a shared root a model is re-hashed by one node per interval
         (:meth:`SharedRoots.verify_turn`); a model skipped here is absent from the report. A model whose turn
         was busy (a peer hashing it, or a Lease that could not be read: an API outage) is tried again
         ``busy_retry_s`` later, up to :data:`BUSY_ROUNDS` more times, so an outage at the pass's instant does not
         leave it unverified for a whole interval. An operator's ``POST /verify`` re-hashes everything it names,
-        whoever verified it last.
+        whoever verified it last. One pass runs at a time (another waits); :attr:`verify_progress` describes it.
         """
+        async with self._verifying:
+            pending = [m for m in self.w.manifests.all() if (keys is None or m.key in keys) and m.owned and m.files]
+            self.verify_progress = {"models": len(pending), "done": 0, "startedAt": time.time(), "scheduled": scheduled}
+            try:
+                return await self._verify_pass(pending, scheduled)
+            finally:
+                self.verify_progress = None
+
+    async def _verify_pass(self, pending: list[Manifest], scheduled: bool) -> dict[str, list[str]]:
         w = self.w
         report: dict[str, list[str]] = {}
-        pending = [m for m in w.manifests.all() if (keys is None or m.key in keys) and m.owned and m.files]
-        for round_ in range(BUSY_ROUNDS + 1):
-            busy: list[str] = []
-            for manifest in pending:
+        gate = asyncio.Semaphore(w.settings.model_verification_concurrency)  # models re-hashed at once
+
+        async def one(manifest: Manifest) -> str:
+            """Verify one model in its turn; its key when the turn was busy, else ""."""
+            try:
+                return await turn_of(manifest)
+            finally:
+                if self.verify_progress is not None:
+                    self.verify_progress["done"] += 1
+
+        async def turn_of(manifest: Manifest) -> str:
+            async with gate:
                 if not scheduled:
                     report[manifest.key] = await self._verify_one(manifest)
-                    continue
+                    return ""
                 async with w.shared_roots.verify_turn(manifest, w.settings.verify_interval_s) as turn:
                     if turn in (VerifyTurn.SKIP, VerifyTurn.BUSY):
                         w.metrics.verifications_skipped.labels(turn.value).inc()
                         log.debug("verification left to a peer", key=manifest.key, turn=turn.value)
-                        if turn == VerifyTurn.BUSY:
-                            busy.append(manifest.key)
-                        continue
+                        return manifest.key if turn == VerifyTurn.BUSY else ""
                     damaged = report[manifest.key] = await self._verify_one(manifest)
                     if turn == VerifyTurn.VERIFY:  # under the verify Lease: the record is this round's
                         await asyncio.to_thread(w.shared_roots.record_verification, manifest, damaged)
+                    return ""
+
+        for round_ in range(BUSY_ROUNDS + 1):
+            busy = [key for key in await asyncio.gather(*(one(m) for m in pending)) if key]
             if not busy:
                 break
             if round_ == BUSY_ROUNDS:

@@ -173,7 +173,7 @@ class Reconciler:
             stype = storage_type(uri)
             parse_storage_uri(uri)
         except InvalidStorageUri as exc:
-            raise Invalid("InvalidStorageUri", str(exc)) from None
+            raise Invalid(exc.code, str(exc)) from None
         raw_path = obj.spec.storage.path or ""
         if stype == StorageType.LOCAL and not raw_path:
             raw_path = parse_local_uri(uri).path

@@ -116,6 +116,10 @@ class Agent:
         """Re-hash the given models' files (all when None); path -> damage (see :mod:`.maintenance`)."""
         return await self.maintenance.verify(keys)
 
+    def verify_running(self) -> dict[str, Any] | None:
+        """The verification pass running now (models, done, startedAt, scheduled), or None."""
+        return self.maintenance.verify_progress
+
     def rbac_problem(self, window_s: float = 600.0) -> str | None:
         """A /healthz check: the resources denied (401/403) within the window, or None."""
         return self.alerts.rbac_problem(window_s)

@@ -24,6 +24,7 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from model_agent.agent.download_limits import DownloadLimits
 from model_agent.local.capacity import parse_size
+from model_agent.model.go_duration import parse_go_duration
 from model_agent.peers import DEFAULT_AUDIENCE as DEFAULT_PEER_AUDIENCE
 from model_agent.peers import DEFAULT_PORT as DEFAULT_PEER_PORT
 from model_agent.peers import PeerConfig
@@ -259,6 +260,14 @@ class Settings(BaseSettings):
         float, Flag("Read limit of the re-hash pass, bytes/s (0: unlimited).", name="verify-rate")
     ] = 200e6
     workers: Annotated[int, Flag("Reconcile workers (they mostly wait on batched writes).")] = 100
+    # OME v1.3's flags (its chart passes them): one is mapped, two do not apply here (agent/ignored_flags.py).
+    model_verification_concurrency: Annotated[
+        int, Flag("Models re-hashed at once by a verification pass (each at --verify-rate).")
+    ] = 1
+    num_high_priority_worker: Annotated[int, Flag("OME's workers for deletes and same-path reuse.")] = 1
+    same_path_wait_timeout: Annotated[
+        str, Flag("OME's wait for another model's download at the same path (a Go duration).")
+    ] = "30m"
     startup_jitter_s: Annotated[
         float, Flag("Longest start-up delay, seconds, spread deterministically by node name.", name="startup-jitter")
     ] = 0.0
@@ -302,6 +311,12 @@ class Settings(BaseSettings):
             address_allow=self.tenant_address_allow,
         )
 
+    @field_validator("same_path_wait_timeout")
+    @classmethod
+    def _go_duration(cls, value: str) -> str:
+        parse_go_duration(value)  # a value OME's agent would refuse is refused here too
+        return value
+
     @field_validator("multipart_part_size")
     @classmethod
     def _part_size(cls, value: str) -> str:
@@ -333,7 +348,14 @@ class Settings(BaseSettings):
             part_size=parse_size(self.multipart_part_size) if self.multipart_part_size else engine.part_size,
         )
 
-    @field_validator("num_download_worker", "workers", "node_label_retry", "download_retry")
+    @field_validator(
+        "num_download_worker",
+        "workers",
+        "node_label_retry",
+        "download_retry",
+        "model_verification_concurrency",
+        "num_high_priority_worker",
+    )
     @classmethod
     def _positive(cls, value: int) -> int:
         if value < 1:

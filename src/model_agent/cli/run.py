@@ -110,6 +110,7 @@ async def _main(settings: Settings) -> int:
             synced=agent.synced,
             status=agent.status_snapshot,
             verify=agent.verify,
+            verify_running=agent.verify_running,
             rbac_problem=agent.rbac_problem,
             background_problem=agent.supervisor.problem,
         ),

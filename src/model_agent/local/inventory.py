@@ -29,11 +29,15 @@ from model_agent.local.layout import PRIVATE_DIR, Layout, Root
 DISCARD_DIR = "discard"  # <root>/.model-agent/discard: staging areas being deleted
 
 
+OME_PRIVATE_DIR = ".ome"  # OME's agents' records at a models root: left alone, never reported as a model
+
+
 def unmanaged_directories(layout: Layout, dests: Iterable[str], *, max_depth: int = 3) -> list[Path]:
     """Directories under the roots (to ``max_depth``) that no manifest explains: reported, never removed.
 
-    Neither a destination in ``dests`` nor an ancestor of one; the agent's private area is skipped, and so is
-    what cannot be read (an unreadable directory is not evidence of anything).
+    Neither a destination in ``dests`` nor an ancestor of one; the agent's private area is skipped, and so are
+    OME's own (:data:`OME_PRIVATE_DIR`: the integrity manifests its newer agents keep at a root, never a model)
+    and what cannot be read (an unreadable directory is not evidence of anything).
     """
     wanted = {Path(d) for d in dests}
     ancestors = {p for d in wanted for p in d.parents}
@@ -47,7 +51,7 @@ def unmanaged_directories(layout: Layout, dests: Iterable[str], *, max_depth: in
             except OSError:
                 continue
             for child in children:
-                if directory == root.path and child.name == PRIVATE_DIR:
+                if directory == root.path and child.name in (PRIVATE_DIR, OME_PRIVATE_DIR):
                     continue
                 if child in wanted:
                     continue

@@ -35,6 +35,7 @@ class Reason(StrEnum):
     # The object and its spec: fail at once, no retry until the spec changes.
     INVALID_MODEL = "InvalidModel"
     INVALID_STORAGE_URI = "InvalidStorageUri"
+    UNSUPPORTED_STORAGE_URI = "UnsupportedStorageUri"
     INVALID_PARAMETER = "InvalidParameter"
     INVALID_PATH = "InvalidPath"
     PATH_REFUSED = "PathRefused"

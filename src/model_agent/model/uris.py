@@ -7,8 +7,9 @@ because it becomes the ``Failed`` reason of the model (ConfigMap entry, Event, l
 
 Contract:
 
-* :func:`storage_type` tests the prefixes in OME's order (``oci://``, ``pvc://``, ``vendor://``,
+* :func:`storage_type` tests the prefixes in OME's order (``oci://``, ``ocios://``, ``pvc://``, ``vendor://``,
   ``hf://``, ``s3://``, ``az://``, ``gs://``, ``github://``, ``local://``); prefixes are case-sensitive.
+  :class:`UnsupportedStorageUri` (a subclass) marks a well-formed URI of a kind not fetched here.
 * Each ``parse_*`` accepts what OME's parser accepts *and OME then downloads correctly*, and splits it the
   same way (bucket, prefix, revision); :func:`parse_storage_uri` dispatches on the type. A form OME
   accepts but cannot use (it lists nothing, asks the hub for a repository that cannot exist, or misreads
@@ -34,6 +35,14 @@ from model_agent.model.errors import ReasonError
 class InvalidStorageUri(ReasonError):
     """A storage URI that cannot be used; ``reason`` is a complete human-readable sentence."""
 
+    code = "InvalidStorageUri"  # the Failed reason's first word
+
+
+class UnsupportedStorageUri(InvalidStorageUri):
+    """A well-formed URI of a kind this agent does not fetch (yet): an OCI registry reference."""
+
+    code = "UnsupportedStorageUri"
+
 
 class StorageType(StrEnum):
     """Backend selected by the URI prefix; values are OME's ``StorageType`` strings."""
@@ -52,6 +61,7 @@ class StorageType(StrEnum):
 # Order matters only for documentation parity with OME; no prefix is a prefix of another.
 _PREFIXES: Final[tuple[tuple[str, StorageType], ...]] = (
     ("oci://", StorageType.OCI),
+    ("ocios://", StorageType.OCI),  # OCI Object Storage, unambiguous (OME's newer spelling)
     ("pvc://", StorageType.PVC),
     ("vendor://", StorageType.VENDOR),
     ("hf://", StorageType.HUGGINGFACE),
@@ -61,7 +71,11 @@ _PREFIXES: Final[tuple[tuple[str, StorageType], ...]] = (
     ("github://", StorageType.GITHUB),
     ("local://", StorageType.LOCAL),
 )
-_PREFIX_OF: Final = {kind: prefix for prefix, kind in _PREFIXES}
+_PREFIX_OF: Final = {kind: prefix for prefix, kind in reversed(_PREFIXES)}  # (OCI: oci://, the first)
+# An OCI registry reference: a registry host (a dot, a port or localhost), a repository, a tag or a digest.
+_REGISTRY_REFERENCE: Final = re.compile(
+    r"(?:[^/]*[.:][^/]*|localhost)/[a-z0-9]+(?:[._/-][a-z0-9]+)*(?::[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}|@sha256:[0-9a-f]{64})"
+)
 
 _HF_DEFAULT_REVISION: Final = "main"
 _GITHUB_DEFAULT_TAG: Final = "latest"
@@ -222,7 +236,13 @@ def parse_hf_uri(uri: str) -> HfUri:
 
 
 def parse_oci_uri(uri: str) -> OciUri:
-    """Parse the three OCI shapes; the prefix is normalised to end with ``/``.
+    """Parse the three OCI Object Storage shapes; the prefix is normalised to end with ``/``.
+
+    ``ocios://`` takes the same three shapes as ``oci://`` (OME's newer, unambiguous spelling for Object Storage).
+    An ``oci://`` URI that reads as a container-registry reference (``oci://registry.example/org/model:v1``,
+    ``...@sha256:<hex>``: a host with a dot, a port or ``localhost``, then a repository and a tag or digest) is
+    refused with :class:`UnsupportedStorageUri`: OME is moving ``oci://`` to mean a ModelPack artifact in a
+    registry, which this agent does not fetch.
 
     1. ``oci://n/{namespace}/b/{bucket}/o/{prefix...}`` (chosen when the rest starts with ``n/``);
     2. ``oci://{namespace}@{region}/{bucket}/{prefix...}``;
@@ -239,7 +259,15 @@ def parse_oci_uri(uri: str) -> OciUri:
     ``oci://bucket/dir@x/more`` became namespace ``bucket/dir``, which cannot be downloaded); here it is
     bucket ``bucket`` and prefix ``dir@x/more/``.
     """
-    rest = _remainder(uri, StorageType.OCI)
+    if uri.startswith("ocios://"):
+        rest = _remainder(uri, StorageType.OCI, "ocios://")
+    else:
+        rest = _remainder(uri, StorageType.OCI)
+        if _REGISTRY_REFERENCE.fullmatch(rest):
+            raise UnsupportedStorageUri(
+                f"OCI URI {_shown(uri)} names an image in a container registry (a ModelPack artifact), which this "
+                "agent does not fetch; for OCI Object Storage write ocios://n/{namespace}/b/{bucket}/o/{folder}"
+            )
     namespace = region = ""
     if rest.startswith("n/"):
         segments = rest.split("/")
@@ -396,9 +424,9 @@ _PARSERS: Final[Mapping[StorageType, Callable[[str], StorageUri]]] = {
 }
 
 
-def _remainder(uri: str, kind: StorageType) -> str:
-    """Check the prefix and forbidden characters; return what follows the prefix."""
-    prefix = _PREFIX_OF[kind]
+def _remainder(uri: str, kind: StorageType, prefix: str = "") -> str:
+    """Check the prefix (``prefix``, else the type's first) and forbidden characters; return what follows it."""
+    prefix = prefix or _PREFIX_OF[kind]
     if not uri.startswith(prefix):
         raise InvalidStorageUri(f"URI {_shown(uri)} does not start with {prefix}")
     if _FORBIDDEN_CHARS.search(uri):

@@ -16,10 +16,18 @@ Unlike OME's (whose liveness always succeeds), every check here can fail:
   and works again (``model_agent_background_tasks_down``).
 
 Add ``?verbose`` for one line per check. Failures answer HTTP 500.
+
+The operator's tools, ``GET /status`` (every model of every tenant on the node) and ``POST /verify`` (a full
+re-hash), answer only requests from the loopback address: ``model-agent status``/``verify`` run in the agent's
+container (``kubectl exec``), or through ``kubectl port-forward``, which arrives there as loopback. Anyone else
+on the pod network gets 403. A ``POST /verify`` while a pass runs gets 409 with that pass's progress (one pass at
+a time: a full re-hash reads every byte of the node's models). ``/metrics`` and the probes stay open to the
+network: the kubelet and Prometheus use them, and they reveal no tenant's data.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import time
 from collections.abc import Awaitable, Callable
@@ -45,6 +53,7 @@ class HealthSources:
     synced: Callable[[], bool]
     status: Callable[[], dict[str, Any]] = dict
     verify: Callable[[list[str] | None], Awaitable[dict[str, list[str]]]] | None = None
+    verify_running: Callable[[], dict[str, Any] | None] = lambda: None
     rbac_problem: Callable[[], str | None] = lambda: None
     # Supervised background tasks that ended unexpectedly and have not recovered yet (None: all run).
     background_problem: Callable[[], str | None] = lambda: None
@@ -98,12 +107,19 @@ class HealthServer:
 
     async def _verify(self, req: web.Request) -> web.Response:
         """POST /verify?model=Kind/ns/name (repeatable; none: all models). Answers path -> damaged files."""
+        if not _from_loopback(req):
+            return _operator_only("/verify")
         if self.s.verify is None:
             return web.json_response({"error": "verification not available"}, status=503)
+        running = self.s.verify_running()
+        if running is not None:
+            return web.json_response({"error": "a verification pass is running", "running": running}, status=409)
         keys = req.query.getall("model", []) or None
         return web.json_response(await self.s.verify(list(keys) if keys else None))
 
-    async def _status(self, _req: web.Request) -> web.Response:
+    async def _status(self, req: web.Request) -> web.Response:
+        if not _from_loopback(req):
+            return _operator_only("/status")
         return web.json_response(self.s.status())
 
     async def _metrics(self, _req: web.Request) -> web.Response:
@@ -167,3 +183,22 @@ class HealthServer:
             return str(exc)[:200]
         self._api_ok_at = time.monotonic()
         return None
+
+
+def _from_loopback(req: web.Request) -> bool:
+    """Did the request come from this host's (this pod's) own loopback address?"""
+    try:
+        address = ipaddress.ip_address((req.remote or "").strip("[]"))
+    except ValueError:
+        return False
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        address = address.ipv4_mapped
+    return address.is_loopback
+
+
+def _operator_only(path: str) -> web.Response:
+    why = (
+        f"{path} answers only on the loopback address: run model-agent status or model-agent verify in the agent's "
+        "container (kubectl exec), or use kubectl port-forward\n"
+    )
+    return web.Response(status=403, text=why)

@@ -7,9 +7,13 @@ records (what httpx or huggingface_hub log themselves) pass the same masking thr
 
 The registry is bounded because tenants feed it: a Secret's values come from a namespaced object's
 author. Only values of at least :data:`MIN_SECRET_LENGTH` characters are kept (a value like ``model``
-or ``Failed`` would otherwise mask ordinary words in every later line), at most :data:`MAX_SECRETS` of
-them (the oldest registered is forgotten first), and every string is matched against all of them in one
-pass of one compiled pattern, so masking costs the same with 10 secrets or 1,000.
+or ``Failed`` would otherwise mask ordinary words in every later line). The platform's values (``HF_TOKEN``, a
+ClusterBaseModel's Secret: ``namespace=None``) are pinned: no tenant's registration ever evicts them, only the
+platform's own beyond :data:`MAX_PLATFORM_SECRETS`. A tenant's values live in its namespace's share, at most
+:data:`MAX_PER_NAMESPACE` (its oldest goes first), and all tenants together keep at most :data:`MAX_SECRETS`
+(the oldest of the namespace holding the most goes first): a tenant flooding the registry evicts its own values,
+never the platform's and hardly another tenant's. Every string is matched against all of them in one pass of one
+compiled pattern, so masking costs the same with 10 secrets or 1,000.
 """
 
 from __future__ import annotations
@@ -26,29 +30,51 @@ _SENSITIVE_KEYS = ("token", "secret", "password", "authorization", "credential")
 # Secret data keys whose values are credentials (the sources' key names all contain one of these).
 _CREDENTIAL_NAME_PARTS = (*_SENSITIVE_KEYS, "key", "sas", "passphrase", "private")
 MIN_SECRET_LENGTH: Final = 12
-MAX_SECRETS: Final = 1024
+MAX_SECRETS: Final = 1024  # tenants' values, all namespaces together
+MAX_PER_NAMESPACE: Final = 128  # one namespace's share
+MAX_PLATFORM_SECRETS: Final = 1024  # the platform's own (pinned against tenants)
 _REDACTED: Final = "[REDACTED]"
-# Insertion-ordered: the oldest registration is the first to go when the registry is full.
-_registered: dict[str, None] = {}
+# Insertion-ordered: the oldest registration is the first to go when a share is full.
+_platform: dict[str, None] = {}
+_tenants: dict[str, dict[str, None]] = {}
 _pattern: re.Pattern[str] | None = None
 
 
-def register_secret(value: str | None) -> None:
+def register_secret(value: str | None, namespace: str | None = None) -> None:
     """Remember a credential so that it is masked wherever it appears in a log event.
 
-    Register only strings that are used as credentials; shorter than :data:`MIN_SECRET_LENGTH` they are
-    ignored (too likely to be an ordinary word, and too short to be a real key).
+    ``namespace``: the tenant whose Secret (or spec) gave it; None for the platform's own (pinned). Register only
+    strings that are used as credentials; shorter than :data:`MIN_SECRET_LENGTH` they are ignored (too likely to
+    be an ordinary word, and too short to be a real key).
     """
     global _pattern
     if not value or len(value) < MIN_SECRET_LENGTH:
         return
-    if value in _registered:
-        _registered[value] = _registered.pop(value)  # refreshed: now the newest
+    if namespace is None:
+        _tenants_drop(value)  # a value the platform uses is the platform's, whoever registered it first
+        _platform[value] = _platform.pop(value, None)  # newest
+        while len(_platform) > MAX_PLATFORM_SECRETS:
+            del _platform[next(iter(_platform))]
+        _pattern = None
         return
-    _registered[value] = None
-    while len(_registered) > MAX_SECRETS:
-        del _registered[next(iter(_registered))]
+    if value in _platform:
+        return
+    share = _tenants.setdefault(namespace, {})
+    known = value in share
+    share[value] = share.pop(value, None)  # refreshed: now the newest of its namespace
+    if known:
+        return
+    while len(share) > MAX_PER_NAMESPACE:
+        del share[next(iter(share))]
+    while sum(len(v) for v in _tenants.values()) > MAX_SECRETS:
+        fullest = max(_tenants.values(), key=len)
+        del fullest[next(iter(fullest))]
     _pattern = None
+
+
+def _tenants_drop(value: str) -> None:
+    for share in _tenants.values():
+        share.pop(value, None)
 
 
 def is_credential_name(name: str) -> bool:
@@ -60,20 +86,22 @@ def is_credential_name(name: str) -> bool:
 def forget_secret(value: str) -> None:
     """Stop masking ``value`` (tests; a rotated credential simply ages out)."""
     global _pattern
-    if _registered.pop(value, 0) is None:
-        _pattern = None
+    _platform.pop(value, None)
+    _tenants_drop(value)
+    _pattern = None
 
 
 def registered_count() -> int:
-    """How many secret strings are masked now (bounded by ``MAX_SECRETS``); for tests and ``/status``."""
-    return len(_registered)
+    """How many secret strings are masked now (bounded); for tests and ``/status``."""
+    return len(_platform) + sum(len(v) for v in _tenants.values())
 
 
 def _secrets_pattern() -> re.Pattern[str] | None:
     global _pattern
-    if _pattern is None and _registered:
+    if _pattern is None and registered_count():
         # Longest first, so a secret that contains another is masked whole.
-        alternatives = sorted(_registered, key=len, reverse=True)
+        every = {*_platform, *(v for share in _tenants.values() for v in share)}
+        alternatives = sorted(every, key=len, reverse=True)
         _pattern = re.compile("|".join(re.escape(s) for s in alternatives))
     return _pattern
 
@@ -101,7 +129,7 @@ def redact(_logger: Any, _name: str, event: MutableMapping[str, Any]) -> Mutable
 
 def redact_record(record: logging.LogRecord) -> bool:
     """A stdlib ``logging`` filter: the same masking for libraries' own log records (httpx, huggingface_hub)."""
-    if not _registered:
+    if not registered_count():
         return True
     message = record.getMessage()
     masked = _mask(message)

@@ -140,7 +140,9 @@ class PeerFetcher:
         wait for one; their holders' places lapse meanwhile (measured: config files taken from peers 8-11 s after
         the fetch began, with a slot for each: docs/performance.md 14)."""
         slots = max(self.ranged.concurrency, files_at_once * PARTS_AT_ONCE)
-        async with engine_session(dataclasses.replace(self.ranged, concurrency=slots)) as engine:
+        # Never through a proxy: a peer is a node of this cluster, and the request carries the peer token.
+        tuned = dataclasses.replace(self.ranged, concurrency=slots, use_proxy=False)
+        async with engine_session(tuned) as engine:
             try:
                 yield engine
             finally:

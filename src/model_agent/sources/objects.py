@@ -87,7 +87,7 @@ def parsed_uri(parse: Callable[[str], _Uri], request: FetchRequest) -> _Uri:
     try:
         return parse(request.storage_uri)
     except InvalidStorageUri as exc:
-        raise SourceError(Reason.INVALID_STORAGE_URI, str(exc), retryable=False) from None
+        raise SourceError(exc.code, str(exc), retryable=False) from None
 
 
 def folder_prefix(prefix: str) -> str:

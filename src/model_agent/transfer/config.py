@@ -38,6 +38,7 @@ class RangedConfig:
     durable: bool = True  # fdatasync before a part is recorded as complete
     ca_bundle: str | None = None  # PEM file of trusted CAs for HTTPS (else AWS_CA_BUNDLE, ...: see transport)
     splice: bool = True  # zero-copy receive of plain-HTTP bodies where possible (transfer.splice); False: copy
+    use_proxy: bool = True  # the environment's proxy (HTTP(S)_PROXY, NO_PROXY); False: always direct (peers)
 
     def __post_init__(self) -> None:
         if self.part_size < 1 or self.concurrency < 1 or self.write_buffer < 1 or self.max_attempts < 1:

@@ -78,7 +78,7 @@ class RangedDownloader:
         )
         self._not_before = 0.0
         self._splice = self.config.splice  # turned off for good when the kernel refuses it once
-        self._proxies = Proxies()  # each origin's proxy, looked up once for the session's slots
+        self._proxies = Proxies(self.config.use_proxy)  # each origin's proxy, looked up once for the session's slots
 
     async def __aenter__(self) -> RangedDownloader:
         return self

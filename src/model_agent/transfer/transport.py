@@ -11,7 +11,9 @@ Decisions, stated once:
 * TLS: certificates are always verified. The trust store is, in order, the ``ca_bundle`` the caller gives,
   ``AWS_CA_BUNDLE``, ``REQUESTS_CA_BUNDLE`` (each *replaces* the system roots, as in the AWS SDKs and
   requests), else the system roots, which OpenSSL itself lets ``SSL_CERT_FILE`` / ``SSL_CERT_DIR`` override.
-* Proxies: ``HTTP_PROXY`` / ``HTTPS_PROXY`` / ``NO_PROXY`` (either case) as read by :mod:`urllib.request`.
+* Proxies: ``HTTP_PROXY`` / ``HTTPS_PROXY`` (either case) as read by :mod:`urllib.request`; ``NO_PROXY`` as curl
+  and Go read it, CIDR ranges included (:func:`no_proxy_matches`). A peer session (``use_proxy=False``) never
+  uses a proxy.
   A plain-HTTP URL is sent to the proxy in absolute form; an HTTPS URL goes through a ``CONNECT`` tunnel, so
   the origin's certificate is still verified end to end. ``user:password@`` in the proxy URL becomes
   ``Proxy-Authorization: Basic``.
@@ -29,6 +31,7 @@ import base64
 import contextlib
 import contextvars
 import http.client
+import ipaddress
 import os
 import socket
 import ssl
@@ -71,9 +74,53 @@ class Route:
 _Proxy = tuple[tuple[str, int] | None, tuple[tuple[str, str], ...]]  # where to connect instead, and its headers
 
 
+def no_proxy_matches(host: str, port: int, no_proxy: str) -> bool:
+    """Does ``NO_PROXY`` (comma-separated) exempt ``host:port``? As curl and Go read it: ``*``; a domain or a
+    ``.domain`` (the host or any subdomain), optionally with ``:port``; an IP address; and a CIDR range
+    (``10.0.0.0/8``, ``fd00::/8``), which Python's own ``proxy_bypass`` ignores."""
+    name = host.strip("[]").lower().rstrip(".")
+    try:
+        address: ipaddress.IPv4Address | ipaddress.IPv6Address | None = ipaddress.ip_address(name)
+    except ValueError:
+        address = None
+    for raw in no_proxy.split(","):
+        entry = raw.strip().lower()
+        if not entry:
+            continue
+        if entry == "*":
+            return True
+        if "/" in entry:
+            try:
+                if address is not None and address in ipaddress.ip_network(entry, strict=False):
+                    return True
+            except ValueError:
+                pass
+            continue
+        entry_host, entry_port = entry, ""
+        if entry.startswith("["):  # [v6]:port
+            entry_host, _, rest = entry[1:].partition("]")
+            entry_port = rest.removeprefix(":")
+        elif entry.count(":") == 1:
+            entry_host, _, entry_port = entry.partition(":")
+        if entry_port and entry_port != str(port):
+            continue
+        entry_host = entry_host.lstrip("*").lstrip(".").rstrip(".")
+        if address is not None:
+            try:
+                if address == ipaddress.ip_address(entry_host):
+                    return True
+            except ValueError:
+                pass
+            continue
+        if name == entry_host or name.endswith("." + entry_host):
+            return True
+    return False
+
+
 def _proxy_from_environment(scheme: str, host: str, port: int) -> _Proxy:
-    proxy_url = urllib.request.getproxies_environment().get(scheme)
-    if not proxy_url or urllib.request.proxy_bypass(f"{host}:{port}"):
+    proxies = urllib.request.getproxies_environment()
+    proxy_url = proxies.get(scheme)
+    if not proxy_url or no_proxy_matches(host, port, proxies.get("no", "")):
         return None, ()
     proxy = urllib.parse.urlsplit(proxy_url if "://" in proxy_url else f"http://{proxy_url}")
     if not proxy.hostname:
@@ -95,10 +142,13 @@ class Proxies:
     session looks an origin up once; a changed environment is seen by the next session.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, from_environment: bool = True) -> None:
         self._by_origin: dict[tuple[str, str, int], _Proxy] = {}
+        self._from_environment = from_environment  # False: every origin direct (a peer session)
 
     def of(self, scheme: str, host: str, port: int) -> _Proxy:
+        if not self._from_environment:
+            return None, ()
         found = self._by_origin.get((scheme, host, port))
         if found is None:  # (two threads may both look: the same answer)
             found = self._by_origin[(scheme, host, port)] = _proxy_from_environment(scheme, host, port)
