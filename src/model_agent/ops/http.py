@@ -15,7 +15,8 @@ Unlike OME's (whose liveness always succeeds), every check here can fail:
   resync, purge, verify, loop tick) runs: one that ended unexpectedly is named here until it has restarted
   and works again (``model_agent_background_tasks_down``).
 
-Add ``?verbose`` for one line per check. Failures answer HTTP 500.
+Add ``?verbose`` for one line per check. Failures answer HTTP 500. The listener is bounded
+(:data:`~model_agent.ops.listener.HEALTH_LIMITS`).
 
 The operator's tools, ``GET /status`` (every model of every tenant on the node) and ``POST /verify`` (a full
 re-hash), answer only requests from the loopback address: ``model-agent status``/``verify`` run in the agent's
@@ -38,6 +39,7 @@ from aiohttp import web
 
 from model_agent.kube.client import ApiError, ApiUnavailable, KubeClient
 from model_agent.kube.reflector import Reflector
+from model_agent.ops.listener import HEALTH_LIMITS, Gate, serve
 from model_agent.ops.metrics import Metrics
 
 Check = Callable[[], "str | None"]  # None: ok; a string: why it failed
@@ -63,27 +65,13 @@ class HealthSources:
     api_fresh_s: float = 30.0
 
 
-async def serve(app: web.Application, host: str, port: int) -> tuple[web.AppRunner, int]:
-    """Start ``app`` listening on ``host:port`` (port 0: any) without an access log; the runner and the bound port.
-
-    The agent's two listeners (these endpoints and the peer server) start the same way.
-    """
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, host, port)
-    await site.start()
-    server = getattr(site, "_server", None)
-    if port == 0 and server is not None and server.sockets:
-        port = server.sockets[0].getsockname()[1]
-    return runner, port
-
-
 class HealthServer:
     def __init__(self, sources: HealthSources, host: str, port: int) -> None:
         self.s = sources
         self.host = host
         self.port = port
         self._runner: web.AppRunner | None = None
+        self.gate: Gate | None = None
         self._api_ok_at = 0.0
 
     def app(self) -> web.Application:
@@ -99,7 +87,12 @@ class HealthServer:
         return app
 
     async def start(self) -> None:
-        self._runner, self.port = await serve(self.app(), self.host, self.port)
+        def refused(why: str) -> None:
+            self.s.metrics.listener_refused.labels("health", why).inc()
+
+        self._runner, self.port, self.gate = await serve(
+            self.app(), self.host, self.port, HEALTH_LIMITS, name="health", on_refused=refused
+        )
 
     async def stop(self) -> None:
         if self._runner is not None:

@@ -147,6 +147,12 @@ class Metrics:
             "transferred; shared adopted without a transfer from another node's publication on a shared root",
             ("source",),
         )
+        self.listener_refused = m.counter(
+            "model_agent_listener_connections_refused",
+            "Connections a listener closed at a limit: total, per-source (too many open), slow-head (no complete "
+            "request head in time)",
+            ("listener", "why"),
+        )
         self.peers_banned = m.counter(
             "model_agent_peers_banned", "Peers banned for serving bytes that failed verification"
         )

@@ -35,6 +35,8 @@ Contract:
   the bytes of all answers together are paced by a token bucket at ``upload_rate`` bytes/s (0: no cap), and
   each answer's socket by the kernel at its share of that rate (``SO_MAX_PACING_RATE``), so they leave evenly
   rather than in bursts. Every byte sent counts in ``on_upload``, every answer (method, status) in ``on_answer``.
+  The listener is bounded (:data:`~model_agent.ops.listener.PEER_LIMITS`); a connection closed at a limit counts
+  in ``on_refused``.
 """
 
 from __future__ import annotations
@@ -53,7 +55,7 @@ import structlog
 from aiohttp import web
 
 from model_agent.local.manifest import Manifest
-from model_agent.ops.http import serve
+from model_agent.ops.listener import PEER_LIMITS, serve
 from model_agent.peers.auth import TokenReviewer
 from model_agent.peers.relay import (
     FROM_HEADER,
@@ -248,6 +250,7 @@ class PeerServer:
     max_per_peer: int = 32
     on_upload: Callable[[int], None] = lambda _n: None
     on_answer: Callable[[str, int], None] = lambda _method, _code: None  # (method, status) of every answer
+    on_refused: Callable[[str], None] = lambda _why: None  # a connection the listener closed at a limit (why)
     relays: Relays | None = None
     downstreams_per_file: int = 1
     relay_poll_s: float = RELAY_POLL_S
@@ -271,7 +274,9 @@ class PeerServer:
 
     async def start(self) -> None:
         """Listen on ``host:port`` (port 0: any; the bound port is then in ``self.port``)."""
-        self._runner, self.port = await serve(self.app(), self.host, self.port)
+        self._runner, self.port, _ = await serve(
+            self.app(), self.host, self.port, PEER_LIMITS, name="peer", on_refused=self.on_refused
+        )
         log.info("peer server listening", host=self.host, port=self.port)
 
     async def stop(self) -> None:

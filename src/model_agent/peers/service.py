@@ -78,6 +78,7 @@ class PeerService:
             max_per_peer=config.max_per_peer,
             on_upload=metrics.peer_upload_bytes.inc,
             on_answer=lambda method, code: metrics.peer_requests.labels(method, str(code)).inc(),
+            on_refused=lambda why: metrics.listener_refused.labels("peer", why).inc(),
             relays=self.relays,
             downstreams_per_file=config.downstreams_per_file,
         )
