@@ -14,7 +14,7 @@ Guarantees, per listener:
   same clock closes idle keep-alive connections): a slow or endless head is closed, counted as ``slow-head``;
 * at most ``max_headers`` header lines of at most ``max_field_size`` bytes each, a request line of at most
   ``max_line_size`` (aiohttp answers 400/431 and closes beyond them), and reads of at most ``read_bufsize`` at a
-  time: a connection holds at most about ``max_headers * max_field_size + read_bufsize`` bytes, so a listener
+  time (the socket's reads too, not asyncio's 256 KiB): a connection holds at most about ``max_headers * max_field_size + read_bufsize`` bytes, so a listener
   holds at most ``max_connections`` times that, whatever the clients do.
 
 The caps are per listener, not per request: a long answer (a peer streaming a file) holds its connection, which
@@ -51,7 +51,7 @@ class Limits:
     max_headers: int = 32
     max_field_size: int = 8190
     max_line_size: int = 8190
-    read_bufsize: int = 64 * 1024
+    read_bufsize: int = 16 * 1024
 
     def handler_args(self) -> dict[str, Any]:
         """aiohttp's request-handler settings for these limits."""
@@ -139,6 +139,10 @@ class _GuardedHandler(RequestHandler):
                 transport.close()
             return
         self.source = source
+        # asyncio's selector transport reads up to 256 KiB per ready socket per loop turn, all allocated at once: a
+        # few hundred connections sending heads together would hold that many buffers at the same instant.
+        if hasattr(transport, "max_size"):
+            transport.max_size = self.gate.limits.read_bufsize
 
     def force_close(self) -> None:
         if self.source is not None and self._request_count == 0 and not self._force_close:
