@@ -14,8 +14,9 @@ Guarantees, per listener:
   same clock closes idle keep-alive connections): a slow or endless head is closed, counted as ``slow-head``;
 * at most ``max_headers`` header lines of at most ``max_field_size`` bytes each, a request line of at most
   ``max_line_size`` (aiohttp answers 400/431 and closes beyond them), and reads of at most ``read_bufsize`` at a
-  time (the socket's reads too, not asyncio's 256 KiB): a connection holds at most about ``max_headers * max_field_size + read_bufsize`` bytes, so a listener
-  holds at most ``max_connections`` times that, whatever the clients do.
+  time (the socket's reads too, not asyncio's 256 KiB): a connection holds at most about
+  ``max_headers * max_field_size + read_bufsize`` bytes, so a listener holds at most ``max_connections`` times
+  that, whatever the clients do.
 
 The caps are per listener, not per request: a long answer (a peer streaming a file) holds its connection, which
 is why the peer port's total is sized for the fleet's concurrent transfers and its per-source cap for one
