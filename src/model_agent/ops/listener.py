@@ -16,7 +16,8 @@ Guarantees, per listener:
   ``max_line_size`` (aiohttp answers 400/431 and closes beyond them), and reads of at most ``read_bufsize`` at a
   time (the socket's reads too, not asyncio's 256 KiB): a connection holds at most about
   ``max_headers * max_field_size + read_bufsize`` bytes, so a listener holds at most ``max_connections`` times
-  that, whatever the clients do.
+  that, whatever the clients do. A refused head is counted as ``bad-head`` and logged at the same rate, never
+  one traceback per request.
 
 The caps are per listener, not per request: a long answer (a peer streaming a file) holds its connection, which
 is why the peer port's total is sized for the fleet's concurrent transfers and its per-source cap for one
