@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import base64
+import json
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +16,7 @@ from model_agent.agent.settings import Settings
 from model_agent.kube.client import ApiUnavailable
 from model_agent.model.keys import node_label_key
 from model_agent.peers import PEER_ADDRESS_ANNOTATION, PeerConfig
-from model_agent.peers.auth import TokenFile, TokenReviewer
+from model_agent.peers.auth import REVIEWS_PER_SOURCE_BURST, TokenFile, TokenReviewer
 from model_agent.peers.bans import Bans
 from model_agent.peers.directory import PARALLEL_LISTS, PeerDirectory, model_label_keys
 from tests.support.waiting import until
@@ -190,39 +193,85 @@ async def test_a_node_that_only_claims_a_model_on_its_node_object_is_never_a_hol
     assert await directory.addresses() == {"agent": "10.0.0.2:8090"}
 
 
-class ReviewApi:
-    """TokenReview answers: ``tokens`` maps a token to the node its claim names ("" for no claim)."""
+def jwt(node: str = "a", *, sub: str = "me", aud: str = "aud", expires_in: float = 600.0, salt: str = "") -> str:
+    """A token shaped as the API server issues them (its signature is never checked here: the review does that)."""
 
-    def __init__(self, tokens: dict[str, str]) -> None:
-        self.tokens = tokens
+    def part(value: dict[str, Any]) -> str:
+        return base64.urlsafe_b64encode(json.dumps(value).encode()).decode().rstrip("=")
+
+    claims: dict[str, Any] = {"sub": sub, "aud": [aud], "exp": time.time() + expires_in, "jti": salt}
+    if node:
+        claims["kubernetes.io"] = {"namespace": "ome", "node": {"name": node, "uid": "u"}}
+    return f"{part({'alg': 'RS256'})}.{part(claims)}.c2lnbmF0dXJl"
+
+
+class ReviewApi:
+    """TokenReview answers: a token whose claims name a node is the agent's, bound to it; ``forged`` tokens are
+    refused by the API server (a signature it did not make)."""
+
+    def __init__(self, forged: set[str] | None = None) -> None:
+        self.forged = forged or set()
+        self.reviews = 0
 
     async def request(self, method: str, path: str, **kw: Any) -> dict[str, Any]:
+        self.reviews += 1
         token = kw["body"]["spec"]["token"]
-        if token not in self.tokens:
+        if token in self.forged:
             return {"status": {"authenticated": False}}
-        node = self.tokens[token]
-        extra = {"authentication.kubernetes.io/node-name": [node]} if node else {}
+        payload = token.split(".")[1]
+        node = json.loads(base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4)))["kubernetes.io"]["node"][
+            "name"
+        ]
+        extra = {"authentication.kubernetes.io/node-name": [node]}
         return {"status": {"authenticated": True, "audiences": ["aud"], "user": {"username": "me", "extra": extra}}}
 
 
+async def _advertised() -> dict[str, str]:
+    return {"a": "10.0.0.2:8090", "c": "[::1]:8090"}
+
+
+FORGED = jwt("a", salt="forged")
+
+
 @pytest.mark.parametrize(
-    ("token", "remote", "status"),
+    ("token", "remote", "status", "reviewed"),
     [
-        ("Bearer of-a", "10.0.0.2", 200),  # from the node it names
-        ("Bearer of-a", "::ffff:10.0.0.2", 200),  # the same address, v4-mapped
-        ("Bearer of-a", "10.9.9.9", 403),  # replayed from anywhere else (a harvested token)
-        ("Bearer of-a", None, 403),
-        ("Bearer of-b", "10.0.0.3", 403),  # node b advertises no address
-        ("Bearer unbound", "10.0.0.2", 403),  # no node claim: not pod- or node-bound
-        ("Bearer forged", "10.0.0.2", 403),
-        ("Bearer v6", "::1", 200),
+        (jwt("a"), "10.0.0.2", 200, True),  # from the node it names
+        (jwt("a"), "::ffff:10.0.0.2", 200, True),  # the same address, v4-mapped
+        (jwt("c"), "::1", 200, True),
+        (FORGED, "10.0.0.2", 403, True),  # well-formed, from the right address: only the review can refuse it
+        (jwt("a"), "10.9.9.9", 403, False),  # replayed from anywhere else (a harvested token): no review
+        (jwt("a"), None, 403, False),
+        (jwt("b"), "10.0.0.3", 403, False),  # node b advertises no address
+        (jwt(""), "10.0.0.2", 403, False),  # no node claim: not pod- or node-bound
+        (jwt("a", sub="system:serviceaccount:x:y"), "10.0.0.2", 403, False),
+        (jwt("a", aud="https://kubernetes.default.svc"), "10.0.0.2", 403, False),
+        (jwt("a", expires_in=-1), "10.0.0.2", 403, False),
+        ("random-" + "x" * 40, "10.0.0.2", 403, False),  # not a JWT at all
+        ("a.b.c", "10.0.0.2", 403, False),
     ],
 )
-async def test_a_token_is_admitted_only_from_the_node_it_names(token: str, remote: str | None, status: int) -> None:
-    api = ReviewApi({"of-a": "a", "of-b": "b", "unbound": "", "v6": "c"})
+async def test_a_token_is_admitted_only_from_the_node_it_names_and_cheap_refusals_need_no_review(
+    token: str, remote: str | None, status: int, reviewed: bool
+) -> None:
+    api = ReviewApi({FORGED})
+    reviewer = TokenReviewer(api, "aud", "me", addresses=_advertised)  # type: ignore[arg-type]
+    assert (await reviewer.check(f"Bearer {token}", remote)).status == status
+    assert api.reviews == (1 if reviewed else 0)
 
-    async def addresses() -> dict[str, str]:
-        return {"a": "10.0.0.2:8090", "c": "[::1]:8090"}
 
-    reviewer = TokenReviewer(api, "aud", "me", addresses=addresses)  # type: ignore[arg-type]
-    assert (await reviewer.check(token, remote)).status == status
+async def test_reviews_per_source_are_bounded_and_random_tokens_cost_none() -> None:
+    """A flood of distinct well-formed tokens from an advertised address: at most the burst is reviewed at once,
+    the rest get 429; random tokens from anywhere are refused without a review."""
+    api = ReviewApi()
+    reviewer = TokenReviewer(api, "aud", "me", addresses=_advertised)  # type: ignore[arg-type]
+    random_tokens = [f"Bearer {os.urandom(24).hex()}" for _ in range(500)]
+    verdicts = await asyncio.gather(*(reviewer.check(t, "10.0.0.66") for t in random_tokens))
+    assert {v.status for v in verdicts} == {403} and api.reviews == 0
+    flood = [f"Bearer {jwt('a', salt=str(i))}" for i in range(50)]
+    verdicts = await asyncio.gather(*(reviewer.check(t, "10.0.0.2") for t in flood))
+    assert api.reviews == REVIEWS_PER_SOURCE_BURST
+    assert sorted(v.status for v in verdicts) == [200] * REVIEWS_PER_SOURCE_BURST + [429] * (
+        50 - REVIEWS_PER_SOURCE_BURST
+    )
+    assert (await reviewer.check(flood[0], "10.0.0.2")).status == 200  # a reviewed token is cached: no budget

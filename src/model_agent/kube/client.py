@@ -36,6 +36,11 @@ from model_agent.kube import kubeconfig as _kubeconfig
 
 JSON = dict[str, Any]
 
+
+async def _nothing() -> None:
+    """A view's close: the connection pool belongs to the client it was made from."""
+
+
 DEFAULT_TIMEOUT_S = 10.0
 # Accept for a LIST of objects' metadata only (PartialObjectMetadataList): a ConfigMap's annotations without its data.
 METADATA_LIST = "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1, application/json"
@@ -122,6 +127,14 @@ class KubeClient:
         self.observers: list[RequestObserver] = []
         # Optional async gate taken before every request (the client-side rate limiter hooks in here).
         self.before_request: Callable[[], Awaitable[None]] | None = None
+
+    def with_budget(self, before_request: Callable[[], Awaitable[None]] | None) -> KubeClient:
+        """This client (same connection pool, credentials and observers) drawing on another budget: requests through
+        it take ``before_request`` instead of this client's gate. Close the original, not this view."""
+        view = KubeClient(self._session, self.host, self._authorization, close=_nothing)
+        view.observers = self.observers
+        view.before_request = before_request
+        return view
 
     @classmethod
     async def connect(cls, kubeconfig: str | Path | None = None, *, context: str | None = None) -> KubeClient:

@@ -18,26 +18,48 @@ come from the host that node's agent advertises (``addresses``: node -> ``host:p
 ConfigMaps, :meth:`model_agent.peers.directory.PeerDirectory.addresses`). A token harvested by anyone - a rogue
 server the token was presented to, a log - is then worth nothing from any other address. A token without the
 claim is refused (403); addresses that cannot be read refuse with 503.
+
+**The review budget.** A review is an API request, and anyone on the pod network can send tokens. So, before any
+review, the token is read as the JWT it must be (never trusted: only to refuse cheaply): a token that is no JWT,
+is expired, is not for the peer audience, is not the agent's ServiceAccount, names no node, or names a node whose
+advertised host is not the request's source is refused without asking the API server. What is left comes from an
+advertised agent address; it is reviewed at most :data:`REVIEWS_PER_SOURCE_QPS` per second per source (burst
+:data:`REVIEWS_PER_SOURCE_BURST`; 429 beyond), through a client whose rate budget is the reviewer's own
+(:data:`REVIEW_QPS`), never the one labels, entries, confirmations and Leases draw on
+(:meth:`model_agent.kube.client.KubeClient.with_budget`). Decided: no local signature verification against the
+issuer's keys: it would need the issuer discovery endpoint and key rotation here, and a review is still needed for
+revocation (a deleted pod or ServiceAccount); with the checks above a review happens only for a token sent from
+an agent's own address, at a bounded rate.
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
+import binascii
 import hashlib
 import ipaddress
+import json
 import os
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import KW_ONLY, dataclass, field
+from typing import Any
 
 import structlog
 
 from model_agent.kube.client import ApiError, ApiUnavailable, KubeClient
+from model_agent.kube.ratelimit import TokenBucket
 
 log = structlog.get_logger(__name__)
 
 TOKENREVIEWS = "/apis/authentication.k8s.io/v1/tokenreviews"
 NODE_CLAIM = "authentication.kubernetes.io/node-name"
+REVIEW_QPS = 2.0  # the reviewer's own API budget (burst REVIEW_BURST), apart from the agent's
+REVIEW_BURST = 10
+REVIEWS_PER_SOURCE_QPS = 0.5  # reviews asked for one source address, at most (burst below; 429 beyond)
+REVIEWS_PER_SOURCE_BURST = 5
+MAX_TOKEN_BYTES = 16 * 1024
 
 
 class TokenFile:
@@ -88,34 +110,73 @@ class TokenReviewer:
     cache_s: float = 60.0
     refusal_cache_s: float = 10.0
     _cache: dict[str, tuple[float, Verdict]] = field(default_factory=dict, init=False, repr=False)
+    _by_source: dict[str, tuple[float, float]] = field(default_factory=dict, init=False, repr=False)
+    refused_unreviewed: int = field(default=0, init=False)  # tokens refused without a review (tests, status)
     _inflight: dict[str, asyncio.Future[Verdict]] = field(default_factory=dict, init=False, repr=False)
     reviews: int = field(default=0, init=False)  # TokenReviews sent (tests and the status)
 
     async def check(self, authorization: str | None, remote: str | None = None) -> Verdict:
         """The verdict for an ``Authorization`` header value sent from the address ``remote``."""
-        verdict = await self._token_verdict(authorization)
+        if not authorization or not authorization.startswith("Bearer ") or not authorization[7:].strip():
+            return Verdict(401, "no bearer token")
+        token = authorization[7:].strip()
+        claimed = _claims(token)
+        if self.addresses is not None:
+            why = self._cheap_refusal(claimed)
+            if why:
+                self.refused_unreviewed += 1
+                return Verdict(403, why)
+            assert claimed is not None
+            claimed_node = _node_of(claimed)
+            found = await self._from_advertised(claimed_node, remote)
+            if found is not None:
+                self.refused_unreviewed += 1
+                return found
+        verdict = await self._token_verdict(token, remote or "")
         if not verdict.admitted or self.addresses is None:
             return verdict
+        if claimed is None or verdict.node != _node_of(claimed):
+            return Verdict(403, "the token's node claim does not match its review")
+        return verdict
+
+    def _cheap_refusal(self, claims: dict[str, Any] | None) -> str:
+        """Why a token is refused without a review (read, never trusted, as the JWT it must be), or ""."""
+        if claims is None:
+            return "not a ServiceAccount token"
+        audiences = claims.get("aud")
+        if self.audience not in (audiences if isinstance(audiences, list) else [audiences]):
+            return "token not valid for the peer audience"
+        expiry = claims.get("exp")
+        if not isinstance(expiry, int | float) or expiry < time.time():
+            return "token expired"
+        if claims.get("sub") != self.username:
+            return "this identity is not the model agent"
+        if not _node_of(claims):
+            return "the token names no node (a pod-bound or node-bound token is required)"
+        return ""
+
+    async def _from_advertised(self, node: str, remote: str | None) -> Verdict | None:
+        """A refusal unless ``remote`` is the host ``node`` advertises; None when it is."""
+        assert self.addresses is not None
         try:
-            advertised = (await self.addresses()).get(verdict.node, "")
+            advertised = (await self.addresses()).get(node, "")
         except Exception as exc:  # (the directory answers {} on API errors; anything else must not admit)
             log.warning("peer addresses not readable", error=str(exc)[:200])
             return Verdict(503, "peer addresses unavailable")
         if not advertised:
-            return Verdict(403, f"node {verdict.node} advertises no peer address")
+            return Verdict(403, f"node {node} advertises no peer address")
         if not _same_host(advertised.rpartition(":")[0], remote or ""):
-            return Verdict(403, f"a token of node {verdict.node} is admitted only from that node's address")
-        return verdict
+            return Verdict(403, f"a token of node {node} is admitted only from that node's address")
+        return None
 
-    async def _token_verdict(self, authorization: str | None) -> Verdict:
-        if not authorization or not authorization.startswith("Bearer ") or not authorization[7:].strip():
-            return Verdict(401, "no bearer token")
-        token = authorization[7:].strip()
+    async def _token_verdict(self, token: str, remote: str) -> Verdict:
         digest = hashlib.sha256(token.encode()).hexdigest()
         now = time.monotonic()
         cached = self._cache.get(digest)
         if cached is not None and cached[0] > now:
             return cached[1]
+        if digest not in self._inflight and not self._source_budget(remote):
+            return Verdict(429, "too many token reviews from this address")
         pending = self._inflight.get(digest)
         if pending is not None:  # one review per token at a time, whatever the request rate
             return await asyncio.shield(pending)
@@ -162,6 +223,19 @@ class TokenReviewer:
             return Verdict(403, "the token names no node (a pod-bound or node-bound token is required)")
         return Verdict(200, node=nodes[0])
 
+    def _source_budget(self, source: str) -> bool:
+        """Take one review from ``source``'s budget (a token bucket per address); False when it is spent."""
+        now = time.monotonic()
+        tokens, at = self._by_source.get(source, (float(REVIEWS_PER_SOURCE_BURST), now))
+        tokens = min(float(REVIEWS_PER_SOURCE_BURST), tokens + (now - at) * REVIEWS_PER_SOURCE_QPS)
+        if tokens < 1.0:
+            self._by_source[source] = (tokens, now)
+            return False
+        self._by_source[source] = (tokens - 1.0, now)
+        if len(self._by_source) > 4096:  # bounded: forget the full buckets
+            self._by_source = {k: v for k, v in self._by_source.items() if v[0] < REVIEWS_PER_SOURCE_BURST - 1}
+        return True
+
 
 def _same_host(advertised: str, remote: str) -> bool:
     """Is ``remote`` (a peer's socket address) the advertised host? IPs compare as addresses (``[::1]``, v4-mapped)."""
@@ -177,6 +251,31 @@ def _same_host(advertised: str, remote: str) -> bool:
         return address
 
     return bool(remote) and parsed(advertised) == parsed(remote)
+
+
+def review_budget() -> TokenBucket:
+    """The reviewer's own API budget (:data:`REVIEW_QPS`, burst :data:`REVIEW_BURST`)."""
+    return TokenBucket(REVIEW_QPS, REVIEW_BURST)
+
+
+def _claims(token: str) -> dict[str, Any] | None:
+    """The payload of a JWT, unverified (only to refuse cheaply); None for anything that is not one."""
+    if len(token) > MAX_TOKEN_BYTES or token.count(".") != 2:
+        return None
+    payload = token.split(".")[1]
+    try:
+        decoded = json.loads(base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4)))
+    except (binascii.Error, ValueError, UnicodeDecodeError):
+        return None
+    return decoded if isinstance(decoded, dict) else None
+
+
+def _node_of(claims: dict[str, Any]) -> str:
+    """The node a ServiceAccount token is bound to (``kubernetes.io.node.name``), or ""."""
+    scope = claims.get("kubernetes.io")
+    node = scope.get("node") if isinstance(scope, dict) else None
+    name = node.get("name") if isinstance(node, dict) else None
+    return name if isinstance(name, str) else ""
 
 
 def service_account_username(namespace: str, name: str) -> str:

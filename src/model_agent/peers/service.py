@@ -19,7 +19,7 @@ from model_agent.kube.client import ApiError, ApiUnavailable, KubeClient
 from model_agent.local.manifest import Manifest
 from model_agent.ops.metrics import Metrics
 from model_agent.peers import PeerConfig
-from model_agent.peers.auth import TokenFile, TokenReviewer, service_account_username
+from model_agent.peers.auth import TokenFile, TokenReviewer, review_budget, service_account_username
 from model_agent.peers.bans import Bans
 from model_agent.peers.directory import PeerDirectory
 from model_agent.peers.fetch import PeerFetcher
@@ -54,7 +54,9 @@ class PeerService:
         self.metrics = metrics
         username = config.allowed_username or service_account_username(namespace, "model-agent")
         self.directory = PeerDirectory(client, node_name, models, namespace=namespace)
-        self.reviewer = TokenReviewer(client, config.audience, username, addresses=self.directory.addresses)
+        # Reviews draw on their own API budget, never the one labels, entries, confirmations and Leases use.
+        reviews = client.with_budget(review_budget().acquire)
+        self.reviewer = TokenReviewer(reviews, config.audience, username, addresses=self.directory.addresses)
         self.bans = Bans(config.ban_s, on_ban=lambda _a: metrics.peers_banned.inc())
         self.token_file = TokenFile(config.token_file) if config.token_file else None
         self.advertised = ""
@@ -129,6 +131,7 @@ class PeerService:
             "banned": self.bans.current(),
             "bansTotal": self.bans.total,
             "tokenReviews": self.reviewer.reviews,
+            "tokensRefusedUnreviewed": self.reviewer.refused_unreviewed,
             "originSlotsKept": len(self.slot_keepers),
             "relaying": len(self.relays),
             "downstreamsRefused": self.server.downstreams.refused,
