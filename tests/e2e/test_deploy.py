@@ -77,6 +77,7 @@ KINDS: dict[str, tuple[str, bool]] = {
     "DaemonSet": ("daemonsets", True),
     "ValidatingAdmissionPolicy": ("validatingadmissionpolicies", False),
     "ValidatingAdmissionPolicyBinding": ("validatingadmissionpolicybindings", False),
+    "NetworkPolicy": ("networkpolicies", True),
 }
 
 

@@ -264,6 +264,10 @@ async def test_daemonset_pod_is_running_and_ready_with_kubelet_called_probes(bed
     log = await admin.request("GET", f"/api/v1/namespaces/{NAMESPACE}/pods/{name}/log", query={"tailLines": "50"})
     assert log, "no log through the API server"
     print(f"agent pod Ready {time.monotonic() - started:.1f}s after helm install returned; probes {counts}")
+    # The chart's NetworkPolicy is installed with it (this node's bridge plugin enforces none, and the pod runs in
+    # the host network, where no plugin would: the probes above pass either way).
+    policy = await admin.request("GET", f"/apis/networking.k8s.io/v1/namespaces/{NAMESPACE}/networkpolicies/{RELEASE}")
+    assert [rule["ports"][0]["port"] for rule in policy["spec"]["ingress"]] == [8090, bed.agent_port]
 
 
 async def test_agent_uses_the_kubelet_issued_pod_bound_token(bed: Bed, admin: KubeClient, tmp_path: Path) -> None:

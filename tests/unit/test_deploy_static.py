@@ -511,3 +511,16 @@ def test_dashboard_panels_have_unique_ids_and_a_datasource() -> None:
         if panel["type"] != "row":
             assert panel["datasource"]["uid"] == "${datasource}", panel["title"]
             assert panel["targets"], panel["title"]
+
+
+def test_the_network_policy_admits_the_peer_port_only_from_agent_pods() -> None:
+    policy = _one("NetworkPolicy")
+    pods = policy["spec"]["podSelector"]["matchLabels"]
+    assert pods == _one("DaemonSet")["spec"]["selector"]["matchLabels"]
+    assert policy["spec"]["policyTypes"] == ["Ingress"]
+    peer, health = policy["spec"]["ingress"]
+    assert peer["from"] == [{"podSelector": {"matchLabels": pods}}]
+    ports = {p["name"]: p["containerPort"] for p in _container()["ports"]}
+    assert peer["ports"] == [{"protocol": "TCP", "port": ports["peers"]}]
+    assert health["ports"] == [{"protocol": "TCP", "port": int(_arg(_container(), "port")[0])}]
+    assert "from" not in health  # (the chart's networkPolicy.healthFrom narrows it)
