@@ -12,7 +12,7 @@ import contextlib
 import hashlib
 import json
 import re
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -319,6 +319,40 @@ async def test_peers_serve_the_fleet_a_liar_is_banned_and_the_service_off_falls_
         await kube.delete_model(CBM, model_of(agent))
 
 
+@contextlib.asynccontextmanager
+async def rogue_server(answer: Callable[[web.Request], Awaitable[web.StreamResponse]]) -> AsyncIterator[int]:
+    """A server on a free loopback port answering every request with ``answer``; yields its port."""
+    app = web.Application()
+    app.router.add_route("*", "/{tail:.*}", answer)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    port = free_port()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    try:
+        yield port
+    finally:
+        await runner.cleanup()
+
+
+async def forget_configmap(kube: Kube, name: str) -> None:
+    """Delete a status ConfigMap the test wrote for a node no agent runs on (none removes it)."""
+    with contextlib.suppress(ApiError):
+        await kube.c.request("DELETE", f"/api/v1/namespaces/ome/configmaps/{name}")
+
+
+async def claim_ready(kube: Kube, node: str, model: str, address: str) -> None:
+    """What anyone who may patch a Node (its kubelet, or a compromised agent on it) can do: create it if missing,
+    label it Ready for the ClusterBaseModel ``model`` and annotate a peer address on it."""
+    await kube.create_node(node)
+    await kube.label_node(node, {node_label_key(CBM, "", model): "Ready"})
+    await kube.c.request(
+        "PATCH",
+        f"/api/v1/nodes/{node}",
+        body={"metadata": {"annotations": {"models.ome.io/peer-address": address}}},
+        content_type="application/merge-patch+json",
+    )
+
+
 async def test_a_node_that_only_labels_itself_a_holder_never_sees_a_probe_and_a_token_replayed_elsewhere_is_refused(
     kube: Kube, olah: OlahServer, mirrors_root: Path, make_agent: AgentFactory, unique: str, tmp_path: Path
 ) -> None:
@@ -335,23 +369,9 @@ async def test_a_node_that_only_labels_itself_a_holder_never_sees_a_probe_and_a_
         seen.append((req.method, req.path, req.headers.get("Authorization", "")))
         return web.Response(status=429, headers={"Retry-After": "60"})
 
-    app = web.Application()
-    app.router.add_route("*", "/{tail:.*}", record)
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    recorder = free_port()
-    await web.TCPSite(runner, "127.0.0.1", recorder).start()
-    try:
+    async with rogue_server(record) as recorder:
         name = f"rogue-{unique}"
-        rogue = f"node-{unique}-rogue"
-        await kube.create_node(rogue)
-        await kube.label_node(rogue, {node_label_key(CBM, "", name): "Ready"})
-        await kube.c.request(
-            "PATCH",
-            f"/api/v1/nodes/{rogue}",
-            body={"metadata": {"annotations": {"models.ome.io/peer-address": f"127.0.0.1:{recorder}"}}},
-            content_type="application/merge-patch+json",
-        )
+        await claim_ready(kube, f"node-{unique}-rogue", name, f"127.0.0.1:{recorder}")
         node = f"node-{unique}-a"
         token = await mint_token(kube, tmp_path, DEFAULT_AUDIENCE, "token-a", node)
         port = free_port()
@@ -376,8 +396,6 @@ async def test_a_node_that_only_labels_itself_a_holder_never_sees_a_probe_and_a_
         async with aiohttp.ClientSession() as s, s.get(url, headers=headers) as r:
             assert r.status == 206 and await r.read() == files["model.safetensors"][:10]
         await kube.delete_model(CBM, name)
-    finally:
-        await runner.cleanup()
 
 
 async def test_a_forged_resolve_record_and_a_rogue_holder_never_get_bytes_the_hub_did_not_vouch_for_published(
@@ -408,23 +426,12 @@ async def test_a_forged_resolve_record_and_a_rogue_holder_never_get_bytes_the_hu
         headers = {"Content-Range": f"bytes {first}-{last}/{len(forged)}", "Accept-Ranges": "bytes"}
         return web.Response(status=206, body=forged[first : last + 1], headers=headers)
 
-    app = web.Application()
-    app.router.add_route("*", "/{tail:.*}", serve)
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    rogue_port = free_port()
-    await web.TCPSite(runner, "127.0.0.1", rogue_port).start()
-    try:
+    async with contextlib.AsyncExitStack() as stack:
+        rogue_port = await stack.enter_async_context(rogue_server(serve))
+        stack.push_async_callback(forget_configmap, kube, f"node-{unique}-rogue")
         name = f"forged-{unique}"
         rogue = f"node-{unique}-rogue"
-        await kube.create_node(rogue)
-        await kube.label_node(rogue, {node_label_key(CBM, "", name): "Ready"})
-        await kube.c.request(  # where an older directory read peer addresses (its node's agent may write it too)
-            "PATCH",
-            f"/api/v1/nodes/{rogue}",
-            body={"metadata": {"annotations": {"models.ome.io/peer-address": f"127.0.0.1:{rogue_port}"}}},
-            content_type="application/merge-patch+json",
-        )
+        await claim_ready(kube, rogue, name, f"127.0.0.1:{rogue_port}")
         status_labels = {"models.ome/basemodel-status": "true", "models.ome/node": rogue}
         await kube.c.request(  # what the rogue's own agent token may write: its node's status ConfigMap...
             "POST",
@@ -479,7 +486,3 @@ async def test_a_forged_resolve_record_and_a_rogue_holder_never_get_bytes_the_hu
         weights = [f for f in json.loads(rewritten["data"]["files"]) if f["path"] == "model.safetensors"]
         assert weights[0]["sha256"] == hashlib.sha256(files["model.safetensors"]).hexdigest()
         await kube.delete_model(CBM, name)
-    finally:
-        await runner.cleanup()
-        with contextlib.suppress(ApiError):  # the rogue's status ConfigMap (no agent of that node removes it)
-            await kube.c.request("DELETE", f"/api/v1/namespaces/ome/configmaps/node-{unique}-rogue")
