@@ -193,8 +193,10 @@ async def test_a_node_that_only_claims_a_model_on_its_node_object_is_never_a_hol
     assert await directory.addresses() == {"agent": "10.0.0.2:8090"}
 
 
-def jwt(node: str = "a", *, sub: str = "me", aud: str = "aud", expires_in: float = 600.0, salt: str = "") -> str:
-    """A token shaped as the API server issues them (its signature is never checked here: the review does that)."""
+def jwt(node: str = "a", *, sub: str = "me", aud: str = "aud", expires_in: float = 86400.0, salt: str = "") -> str:
+    """A token shaped as the API server issues them (its signature is never checked here: the review does that).
+
+    Made when the tests are collected, which can be half an hour before they run: valid for a day by default."""
 
     def part(value: dict[str, Any]) -> str:
         return base64.urlsafe_b64encode(json.dumps(value).encode()).decode().rstrip("=")
