@@ -3,7 +3,7 @@
 One agent with the peer service on and 200 Ready models (``vendor://``: nothing to fetch, each a label and an
 entry). The attack client is the test's own, on loopback addresses other than the one the test probes from
 (127.0.1.x): 800 connections, each sending a request line and 127 header lines of 8 KB with no final CRLF
-(the review's slow-headers attack, which took an unbounded server to 1.47 GB), half of them at the peer port and
+(a slow-headers attack: against aiohttp's defaults it takes the agent past 1.7 GiB), half of them at the peer port and
 half at the health port, and then a second wave holding a head of 10 such lines open. Asserted: the agent's peak
 RSS (VmHWM) stays below 256 MiB (the chart's memory request), it never exits, the connections past the caps are
 counted, and a model created during the attack is Ready within twice its time without the attack.
@@ -121,10 +121,10 @@ async def test_half_sent_heads_on_both_ports_leave_the_agent_small_and_serving(
 async def test_a_flood_of_random_bearer_tokens_costs_no_token_review_and_slows_nothing(
     kube: Kube, olah: OlahServer, mirrors_root: Path, make_agent: AgentFactory, unique: str, tmp_path: Path
 ) -> None:
-    """5 attacker addresses x 32 concurrent requests with random bearer tokens at the peer port for 20 s (the
-    review's flood, which sent one TokenReview per token from the agent's one API budget and slowed an unrelated
-    write from 0.02 s to 32 s): no TokenReview is sent for any of them, and a model created during the flood is
-    Ready within 1.2 x its time without it."""
+    """5 attacker addresses x 32 concurrent requests with random bearer tokens at the peer port for 20 s (a flood
+    that, with one TokenReview per token from the agent's one API budget, would slow every write the agent makes):
+    no TokenReview is sent for any of them, and a model created during the flood is Ready within 1.2 x its time
+    without it."""
     node = f"node-{unique}-flood"
     token = await mint_token(kube, tmp_path, DEFAULT_AUDIENCE, "token-flood", node)
     peer_port = free_port()
