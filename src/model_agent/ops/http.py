@@ -28,7 +28,6 @@ network: the kubelet and Prometheus use them, and they reveal no tenant's data.
 
 from __future__ import annotations
 
-import ipaddress
 import os
 import time
 from collections.abc import Awaitable, Callable
@@ -41,6 +40,7 @@ from model_agent.kube.client import ApiError, ApiUnavailable, KubeClient
 from model_agent.kube.reflector import Reflector
 from model_agent.ops.listener import HEALTH_LIMITS, Gate, serve
 from model_agent.ops.metrics import Metrics
+from model_agent.transfer.addresses import parse_ip
 
 Check = Callable[[], "str | None"]  # None: ok; a string: why it failed
 
@@ -180,13 +180,8 @@ class HealthServer:
 
 def _from_loopback(req: web.Request) -> bool:
     """Did the request come from this host's (this pod's) own loopback address?"""
-    try:
-        address = ipaddress.ip_address((req.remote or "").strip("[]"))
-    except ValueError:
-        return False
-    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
-        address = address.ipv4_mapped
-    return address.is_loopback
+    address = parse_ip(req.remote or "")
+    return address is not None and address.is_loopback
 
 
 def _operator_only(path: str) -> web.Response:

@@ -38,7 +38,6 @@ import asyncio
 import base64
 import binascii
 import hashlib
-import ipaddress
 import json
 import os
 import time
@@ -50,6 +49,7 @@ import structlog
 
 from model_agent.kube.client import ApiError, ApiUnavailable, KubeClient
 from model_agent.kube.ratelimit import TokenBucket
+from model_agent.transfer.addresses import IPAddress, parse_ip
 
 log = structlog.get_logger(__name__)
 
@@ -240,15 +240,8 @@ class TokenReviewer:
 def _same_host(advertised: str, remote: str) -> bool:
     """Is ``remote`` (a peer's socket address) the advertised host? IPs compare as addresses (``[::1]``, v4-mapped)."""
 
-    def parsed(host: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | str:
-        host = host.strip("[]")
-        try:
-            address = ipaddress.ip_address(host)
-        except ValueError:
-            return host.lower()
-        if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
-            return address.ipv4_mapped
-        return address
+    def parsed(host: str) -> IPAddress | str:
+        return parse_ip(host) or host.strip("[]").lower()
 
     return bool(remote) and parsed(advertised) == parsed(remote)
 

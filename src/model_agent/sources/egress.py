@@ -47,6 +47,7 @@ from typing import Any
 from model_agent.model.reasons import Reason
 from model_agent.peers import PEER_SCHEMES
 from model_agent.sources.base import SourceError
+from model_agent.transfer.addresses import IPAddress, unmapped
 
 CLUSTER_KIND = "ClusterBaseModel"
 NAMESPACED_KIND = "BaseModel"
@@ -79,7 +80,6 @@ METADATA_ADDRESSES = frozenset(
 )
 
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
-IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 
 
 @dataclass(frozen=True)
@@ -216,9 +216,7 @@ def endpoint_refusal(url: str, policy: TenancyPolicy) -> str | None:
 
 def address_refusal(address: str | IPAddress, policy: TenancyPolicy) -> str | None:
     """Why a tenant model may not connect to ``address``, naming the rule; None when it may."""
-    ip = ipaddress.ip_address(address) if isinstance(address, str) else address
-    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
-        ip = ip.ipv4_mapped  # ::ffff:127.0.0.1 is 127.0.0.1
+    ip = unmapped(ipaddress.ip_address(address) if isinstance(address, str) else address)  # ::ffff:127.0.0.1
     if ip in METADATA_ADDRESSES:
         return f"{ip} is an instance metadata address"
     if any(ip in net for net in policy.address_allow):

@@ -41,6 +41,8 @@ import urllib.request
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
+from model_agent.transfer.addresses import parse_ip
+
 # Opens a connection instead of socket.create_connection (address, timeout, source address), for tenant models.
 ConnectFn = Callable[[tuple[str, int], float | None, tuple[str, int] | None], socket.socket]
 CONNECT_GUARD: contextvars.ContextVar[ConnectFn | None] = contextvars.ContextVar("connect_guard", default=None)
@@ -79,10 +81,7 @@ def no_proxy_matches(host: str, port: int, no_proxy: str) -> bool:
     ``.domain`` (the host or any subdomain), optionally with ``:port``; an IP address; and a CIDR range
     (``10.0.0.0/8``, ``fd00::/8``), which Python's own ``proxy_bypass`` ignores."""
     name = host.strip("[]").lower().rstrip(".")
-    try:
-        address: ipaddress.IPv4Address | ipaddress.IPv6Address | None = ipaddress.ip_address(name)
-    except ValueError:
-        address = None
+    address = parse_ip(name)
     for raw in no_proxy.split(","):
         entry = raw.strip().lower()
         if not entry:
@@ -106,11 +105,8 @@ def no_proxy_matches(host: str, port: int, no_proxy: str) -> bool:
             continue
         entry_host = entry_host.lstrip("*").lstrip(".").rstrip(".")
         if address is not None:
-            try:
-                if address == ipaddress.ip_address(entry_host):
-                    return True
-            except ValueError:
-                pass
+            if address == parse_ip(entry_host):
+                return True
             continue
         if name == entry_host or name.endswith("." + entry_host):
             return True
