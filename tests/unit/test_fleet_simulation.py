@@ -167,6 +167,7 @@ class Shown:
         self.values: dict[str, str] = {}
         self.base = base or {}
         self.on_ready: Any = lambda _label_key: None  # told of every Ready written, when it is written
+        self.on_ready_begun: Any = lambda _label_key: None  # told of every Ready write when it is sent
 
     def labels(self) -> dict[str, str]:
         return {**self.base, **self.values}
@@ -178,6 +179,8 @@ class Shown:
         return dict(self.values)
 
     async def ensure(self, key: str, value: str | None) -> bool:
+        if value == "Ready":
+            self.on_ready_begun(key)
         await asyncio.sleep(0)
         if value is None:
             return self.values.pop(key, None) is not None
@@ -205,11 +208,22 @@ class SimNode:
     entries: Shown = field(default_factory=Shown)
     ready_spec: dict[str, tuple[str, str, str]] = field(default_factory=dict)  # key -> (uid, uri, path) labelled
     requeued: set[str] = field(default_factory=set)
+    ready_for_gone: list[str] = field(default_factory=list)  # Ready writes sent while the object was deleting or gone
 
     def __post_init__(self) -> None:
         self.labels.base = {"node": self.name}
         self.labels.on_ready = self._labelled_ready
+        self.labels.on_ready_begun = self._ready_sent
         self.start()
+
+    def _ready_sent(self, label_key: str) -> None:
+        """A Ready label write is sent: the object it names must be there and not being deleted at this instant."""
+        for key in KEYS:
+            if ModelRef.from_key(key).label_key != label_key:
+                continue
+            live = self.api.models.get(key)
+            if live is None or live["metadata"].get("deletionTimestamp"):
+                self.ready_for_gone.append(f"{key} ({'deleting' if live else 'gone'})")
 
     def _labelled_ready(self, label_key: str) -> None:
         """Remember the spec a Ready label was written for (the object the reconciler saw in its cache then)."""
@@ -378,6 +392,34 @@ class FleetSimulation(RuleBasedStateMachine):
     def delete(self, key: str) -> None:
         self.api.models.pop(key, None)
 
+    @rule(
+        node=st.sampled_from(NODES),
+        key=st.sampled_from(KEYS),
+        turns=st.integers(min_value=0, max_value=80),
+        finalizer=st.booleans(),
+    )
+    def delete_mid_pass(self, node: str, key: str, turns: int, finalizer: bool) -> None:
+        """A model's deletion begins ``turns`` event-loop turns into a node's pass (its ``deletionTimestamp`` set
+        while a finalizer holds it, or the object simply gone), and the pass goes on; a held object goes after."""
+        sim = self.nodes.get(node)
+        if sim is None or key not in self.api.models:
+            return
+
+        async def run() -> None:
+            task = asyncio.ensure_future(self._settle(sim))
+            for _ in range(turns):
+                if task.done():
+                    break
+                await asyncio.sleep(0)
+            if finalizer:
+                self.api.models[key]["metadata"]["deletionTimestamp"] = "2026-01-01T00:01:00Z"
+            else:
+                self.api.models.pop(key, None)
+            await task
+
+        self._run(run())
+        self.api.models.pop(key, None)
+
     @rule(key=st.sampled_from(KEYS), nodes=st.data())
     def select(self, key: str, nodes: st.DataObject) -> None:
         obj = self.api.models.get(key)
@@ -512,6 +554,11 @@ class FleetSimulation(RuleBasedStateMachine):
                     assert where.read_bytes() == content(storage["storageUri"], name), (
                         f"{sim.name} Ready for {key} ({storage['storageUri']}) but {where} holds other bytes"
                     )
+
+    @invariant()
+    def no_ready_is_sent_for_an_object_being_deleted_or_gone(self) -> None:
+        for sim in self.nodes.values():
+            assert not sim.ready_for_gone, f"{sim.name} sent Ready for {sim.ready_for_gone}"
 
     @invariant()
     def records_name_their_owner_and_directories_hold_only_their_files(self) -> None:

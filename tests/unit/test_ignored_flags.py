@@ -54,7 +54,6 @@ def test_every_ignored_field_is_a_flag_of_run() -> None:
     assert [flag_name(field) for field in IGNORED] == [
         "--download-retry",
         "--concurrency",
-        "--num-high-priority-worker",
         "--same-path-wait-timeout",
     ]
 

@@ -478,3 +478,152 @@ async def test_a_failing_hook_does_not_disturb_the_queue() -> None:
     q.done("a")
     assert q.processing_count == 0
     q.shutdown()
+
+
+# ------------------------------------------------------------------------------------------ lanes
+
+
+async def test_urgent_keys_are_handed_out_before_normal_ones() -> None:
+    urgent = {"gone-1", "gone-2"}
+    q: WorkQueue[str] = WorkQueue(urgent=urgent.__contains__)
+    for key in ("a", "gone-1", "b", "gone-2"):
+        q.add(key)
+    assert [await get(q) for _ in range(4)] == ["gone-1", "gone-2", "a", "b"]
+    q.shutdown()
+
+
+async def test_an_urgent_only_getter_waits_past_normal_keys_and_takes_the_urgent_one() -> None:
+    urgent: set[str] = set()
+    q: WorkQueue[str] = WorkQueue(urgent=urgent.__contains__)
+    lane = await blocked_getter_urgent(q)
+    q.add("a")
+    q.add("b")
+    assert not lane.done()
+    assert await get(q) == "a"  # a general getter takes the normal key
+    urgent.add("gone")
+    q.add("gone")
+    assert await asyncio.wait_for(lane, DEADLINE_S) == "gone"
+    assert await get(q) == "b"
+    q.shutdown()
+    with pytest.raises(ShutDown):
+        await q.get(urgent_only=True)
+
+
+async def test_a_waiting_key_that_becomes_urgent_moves_to_the_urgent_lane() -> None:
+    urgent: set[str] = set()
+    q: WorkQueue[str] = WorkQueue(urgent=urgent.__contains__)
+    for key in ("a", "b", "c"):
+        q.add(key)
+    urgent.add("c")  # its delete arrived while it waited in line
+    q.add("c")
+    assert len(q) == 3  # still once
+    assert await asyncio.wait_for(q.get(urgent_only=True), DEADLINE_S) == "c"
+    assert [await get(q) for _ in range(2)] == ["a", "b"]
+    q.shutdown()
+
+
+async def test_a_key_requeued_by_done_is_classified_again() -> None:
+    urgent: set[str] = set()
+    q: WorkQueue[str] = WorkQueue(urgent=urgent.__contains__)
+    q.add("m")
+    assert await get(q) == "m"
+    q.add("m")  # changed while processing
+    urgent.add("m")  # ... into a delete
+    q.done("m")
+    assert await asyncio.wait_for(q.get(urgent_only=True), DEADLINE_S) == "m"
+    q.done("m")
+    q.shutdown()
+
+
+async def test_a_failing_classifier_counts_the_key_as_normal() -> None:
+    def broken(key: str) -> bool:
+        raise RuntimeError("boom")
+
+    q: WorkQueue[str] = WorkQueue(urgent=broken)
+    q.add("a")
+    assert await get(q) == "a"
+    q.shutdown()
+
+
+async def blocked_getter_urgent(q: WorkQueue[str]) -> asyncio.Task[str]:
+    entered = asyncio.Event()
+
+    async def run() -> str:
+        entered.set()
+        return await q.get(urgent_only=True)
+
+    task = asyncio.create_task(run())
+    await asyncio.wait_for(entered.wait(), DEADLINE_S)
+    return task
+
+
+@pytest.mark.parametrize("seed", range(8))
+async def test_lanes_keep_every_queue_guarantee_under_random_interleavings(seed: int) -> None:
+    """Random adds, urgency flips and processing by 2 urgent-only and 4 general workers: no key is processed by two
+    workers at once, every accepted add is followed by a processing, and while every general worker is held, urgent
+    keys still flow through the lane."""
+    rng = random.Random(seed)
+    urgent: set[str] = set()
+    q: WorkQueue[str] = WorkQueue(urgent=urgent.__contains__)
+    keys = [f"k{i}" for i in range(10)]
+    active: set[str] = set()
+    violations: list[str] = []
+    clock = itertools.count()
+    last_add: dict[str, int] = {}
+    last_start: dict[str, int] = {}
+    lane_keys: list[str] = []
+    hold = asyncio.Event()  # general workers block on it for the first phase
+
+    def add(key: str) -> None:
+        if rng.random() < 0.3:
+            urgent.symmetric_difference_update({key})
+        if not q.shutting_down:
+            last_add[key] = next(clock)
+        q.add(key)
+
+    async def worker(urgent_only: bool) -> None:
+        while True:
+            try:
+                key = await q.get(urgent_only=urgent_only)
+            except ShutDown:
+                return
+            if urgent_only:
+                lane_keys.append(key)
+            if key in active:
+                violations.append(key)
+            active.add(key)
+            last_start[key] = next(clock)
+            try:
+                if not urgent_only:
+                    await hold.wait()
+                for _ in range(rng.randrange(4)):
+                    await asyncio.sleep(0)
+                    if rng.random() < 0.3:
+                        add(rng.choice(keys))
+            finally:
+                active.discard(key)
+                q.done(key)
+
+    lane = [asyncio.create_task(worker(True)) for _ in range(2)]
+    general = [asyncio.create_task(worker(False)) for _ in range(4)]
+    for _ in range(200):
+        add(rng.choice(keys))
+        if rng.random() < 0.5:
+            await asyncio.sleep(0)
+    # General workers are held: only the lane moves. Every urgent key not held by a general worker gets processed.
+    urgent.update({"gone-a", "gone-b"})
+    q.add("gone-a")
+    q.add("gone-b")
+
+    async def lane_took_both() -> None:
+        while not {"gone-a", "gone-b"} <= set(lane_keys):
+            await asyncio.sleep(0)
+
+    await asyncio.wait_for(lane_took_both(), DEADLINE_S)
+    hold.set()
+    assert await asyncio.wait_for(q.shutdown_with_drain(DEADLINE_S), DEADLINE_S * 2) is True
+    await asyncio.wait_for(asyncio.gather(*lane, *general), DEADLINE_S)
+    assert violations == []
+    for key, added in last_add.items():
+        assert last_start[key] > added, key
+    assert q.processing_count == 0 and len(q) == 0

@@ -42,10 +42,6 @@ IGNORED: dict[str, str] = {
         "the engine fetches up to 8 objects (object stores) or 4 files (Hugging Face) of one model at once; "
         "--multipart-concurrency bounds the ranged parts in flight"
     ),
-    "num_high_priority_worker": (
-        "removals never wait for a download here: downloads run outside the reconcile workers (--workers), and "
-        "deleting a model cancels its download"
-    ),
     "same_path_wait_timeout": (
         "nothing waits for another model's download at the same path: a second owner of a directory is refused "
         "(PathConflict) and the same owner's re-created model reuses the copy at once"

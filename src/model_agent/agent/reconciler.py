@@ -35,6 +35,8 @@ from model_agent.agent.credentials import model_owner, read_storage_secret, reso
 from model_agent.agent.download_limits import DownloadLimits, run_within_limits
 from model_agent.agent.failed_quota import DEFAULT_FAILED_PER_NAMESPACE, OVER_QUOTA, FailedQuota
 from model_agent.agent.fetcher import Job
+from model_agent.agent.lifecycle import Step as LifeStep
+from model_agent.agent.lifecycle import gate, presence
 from model_agent.agent.node_parts import NodeParts
 from model_agent.agent.ownership import (
     Claim,
@@ -678,6 +680,8 @@ class Reconciler:
         try:
             # Left by _fetch. The owner: a tenant takes no bytes from peers, so it never skips the queue for them.
             await slot.enter_async_context(ctx.origin_slots(target.storage_uri, queued, owner=request.owner))
+            if not self._may(LifeStep.START_DOWNLOAD, ref, obj):  # after the slot waits: the cache as it is now
+                raise SourceError("Obsolete", "not downloading: the object is being deleted, gone or re-created")
             try:
                 uid, generation = obj.metadata.uid, obj.metadata.generation
                 await asyncio.to_thread(crashes.begin, ref.key, uid, generation, Step.LISTING)
@@ -925,8 +929,15 @@ class Reconciler:
         A ``Ready`` label sends inference pods to this node, so it must never say more than the entry does: the
         label is written only after the entry write succeeded (a failed entry write raises, and the label keeps
         its old value). Other states leave ``Ready`` and are written together.
+
+        ``Ready`` and ``Updating`` pass the lifecycle gate first (agent/lifecycle.py): for an object whose
+        deletion began since the reconcile read it, or a write of an earlier incarnation (a late progress write),
+        nothing is written; the key's next reconcile hands it to the removal.
         """
         ctx = self.ctx
+        step = {ModelState.READY: LifeStep.WRITE_READY, ModelState.UPDATING: LifeStep.WRITE_UPDATING}.get(state)
+        if step is not None and not self._may(step, ref, obj):
+            return
         current = ModelEntry.from_json(ctx.configmap.data().get(ref.configmap_key, "") or "")
         config = _config_from_record(manifest.metadata) if manifest is not None and manifest.metadata else None
         if config is None and current is not None and state != ModelState.READY:
@@ -963,12 +974,21 @@ class Reconciler:
         value = entry.to_json()
         if state == ModelState.READY:
             await ctx.configmap.ensure(ref.configmap_key, value)
-            await ctx.labels.ensure(ref.label_key, state.value)
+            if self._may(LifeStep.WRITE_READY, ref, obj):  # again: the deletion may have begun during the entry write
+                await ctx.labels.ensure(ref.label_key, state.value)
             return
         # Leaving Ready (or never there): both writes are level-triggered and batched; together halves latency.
         await asyncio.gather(
             ctx.labels.ensure(ref.label_key, state.value), ctx.configmap.ensure(ref.configmap_key, value)
         )
+
+    def _may(self, step: LifeStep, ref: ModelRef, obj: ModelObject) -> bool:
+        """The lifecycle gate (agent/lifecycle.py) for ``step`` of ``obj``'s incarnation, from the cache as it is now."""
+        now = presence(self.cached_object(ref), obj.metadata.uid)
+        if gate(step, now):
+            return True
+        log.info("not done: the object is not wanted now", key=ref.key, step=step.value, now=now.value)
+        return False
 
     async def _fail(self, ref: ModelRef, raw: dict[str, Any], reason: str, message: str) -> None:
         ctx = self.ctx

@@ -9,7 +9,8 @@ manifest, and why it is suspected gone) and:
 2. asks the :class:`~model_agent.agent.breaker.Breaker` for a verdict (settle period, mass-removal hold);
 3. re-checks the cache: an object of that key with a UID the confirmation did not see, not being deleted,
    means the model was re-created meanwhile — nothing is done, the key is looked at again;
-4. acts, in this order: cancel a running fetch; record the intent (``removing`` in the manifest); remove
+4. acts, in this order: cancel a running fetch (for a deleting or gone object, already before the breaker's
+   verdict: stopping a download destroys nothing); record the intent (``removing`` in the manifest); remove
    the node label; remove the ConfigMap entry; move owned weights to the trash; delete the manifest. No
    label says ``Ready`` while the weights are not in place, whenever the process dies; the manifest (the
    record that drives a retry, and after a restart the completion of the recorded intent, which is
@@ -148,6 +149,10 @@ class Remover:
             await asyncio.to_thread(ctx.manifests.save, manifest, ctx.layout.record_root(Path(manifest.dest)))
             log.info("recreated object adopts the existing weights", key=ref.key)
             return False
+        if confirmation.outcome in (Outcome.CONFIRMED_GONE, Outcome.DELETING):
+            # Its download stops now, not after the settle period: stopping destroys nothing (staging stays until
+            # the act below), and no byte more is fetched for an object whose deletion is proven.
+            await ctx.fetcher.cancel(ref.key)
         # A removal decided (and begun) before a restart already passed its settle period.
         recorded = candidate.manifest is not None and bool(candidate.manifest.removing)
         if recorded:

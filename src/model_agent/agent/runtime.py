@@ -150,6 +150,8 @@ class Agent:
             self.supervisor.spawn("peer server", self.wiring.peers.run)
         for i in range(self.settings.workers):
             self._workers.append(asyncio.create_task(self._worker(), name=f"worker {i}"))
+        for i in range(self.settings.num_high_priority_worker):  # the removal lane (agent/lifecycle.py)
+            self._workers.append(asyncio.create_task(self._worker(urgent_only=True), name=f"removal worker {i}"))
         self._spawn_periodic("resync", self.settings.resync_interval_s, self._resync)
         self._spawn_periodic("purge", min(60.0, max(1.0, self.settings.trash_grace_s / 10)), self.maintenance.purge)
         self._spawn_periodic("verify", self.settings.verify_interval_s, self.maintenance.verify_pass)
@@ -206,10 +208,10 @@ class Agent:
     async def _resync(self) -> None:
         self.enqueue_all()
 
-    async def _worker(self) -> None:
+    async def _worker(self, *, urgent_only: bool = False) -> None:
         while True:
             try:
-                key = await self.queue.get()
+                key = await self.queue.get(urgent_only=urgent_only)
             except ShutDown:
                 return
             try:

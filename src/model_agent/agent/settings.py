@@ -260,11 +260,13 @@ class Settings(BaseSettings):
         float, Flag("Read limit of the re-hash pass, bytes/s (0: unlimited).", name="verify-rate")
     ] = 200e6
     workers: Annotated[int, Flag("Reconcile workers (they mostly wait on batched writes).")] = 100
-    # OME v1.3's flags (its chart passes them): one is mapped, two do not apply here (agent/ignored_flags.py).
+    # OME v1.3's flags (its chart passes them): two are mapped, one does not apply here (agent/ignored_flags.py).
     model_verification_concurrency: Annotated[
         int, Flag("Models re-hashed at once by a verification pass (each at --verify-rate).")
     ] = 1
-    num_high_priority_worker: Annotated[int, Flag("OME's workers for deletes and same-path reuse.")] = 1
+    num_high_priority_worker: Annotated[
+        int, Flag("Reconcile workers reserved for models being deleted or gone (besides --workers).")
+    ] = 1
     same_path_wait_timeout: Annotated[
         str, Flag("OME's wait for another model's download at the same path (a Go duration).")
     ] = "30m"

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 from model_agent.agent.breaker import Breaker
 from model_agent.agent.confirm import Confirmer
 from model_agent.agent.fetcher import Fetcher
+from model_agent.agent.lifecycle import Lane, lane, presence
 from model_agent.agent.node_configmap import NodeConfigMap
 from model_agent.agent.node_labels import NodeLabels
 from model_agent.agent.origin_slots import OriginSlots
@@ -42,6 +43,7 @@ from model_agent.local.layout import Layout, resume_file
 from model_agent.local.manifest import ManifestStore
 from model_agent.local.trash import Trash
 from model_agent.model.keys import ModelKind
+from model_agent.model.resources import ModelRef
 from model_agent.model.selection import INSTANCE_TYPE_MAP_ENV, parse_instance_type_map
 from model_agent.model.uris import StorageType
 from model_agent.ops.events import EventRecorder
@@ -77,6 +79,7 @@ class Wiring:
             "models",
             on_wait=lambda _k, s: self.metrics.queue_latency.observe(s),
             on_processed=lambda _k, s: self.metrics.reconcile_duration.observe(s),
+            urgent=self._urgent,
         )
         node = settings.node_name
         self.models = {
@@ -229,3 +232,14 @@ class Wiring:
         )
         self.supervisor = Supervisor(on_failure=lambda name: self.metrics.task_failures.labels(name).inc())
         self.started = asyncio.Event()  # set once every cache has synced: nothing is reconciled before
+
+    def _urgent(self, key: str) -> bool:
+        """The work queue's lane classifier: a model whose object is deleting or gone from the cache is urgent
+        (agent/lifecycle.py), so the removal workers take it before any other key."""
+        try:
+            ref = ModelRef.from_key(key)
+        except ValueError:
+            return False
+        store = self.models[ref.kind.value].store
+        cached = store.get(f"{ref.namespace}/{ref.name}" if ref.namespace else ref.name)
+        return lane(presence(cached)) == Lane.URGENT

@@ -44,6 +44,13 @@ Guarantees:
   way the queue ends fully shut down, as after ``shutdown()``;
 * no task or timer outlives ``shutdown()``: the queue owns at most one timer handle and no tasks.
 
+Lanes: a queue made with an ``urgent(key)`` classifier keeps two lines of ready keys. A key is classified
+when it becomes ready (added, or re-queued by ``done()``); a key already waiting in the normal line that is
+added again while ``urgent`` now says yes moves to the urgent line. ``get()`` hands out urgent keys first, in
+FIFO order among themselves, then normal ones; ``get(urgent_only=True)`` hands out urgent keys only and
+waits while there are none, so workers reserved for urgent keys are never taken by the others' work. Every
+other guarantee holds across both lines (a key is in at most one line, and never processed twice at once).
+
 Metrics: ``len(queue)`` / ``depth`` count ready keys, ``processing_count`` keys handed out and not yet
 done, ``delayed_count`` pending delayed adds. Optional hooks observe each accepted (non-deduplicated) add,
 each key's wait (first add → ``get``) and its processing time (``get`` → ``done``), in seconds. Hooks run
@@ -95,6 +102,7 @@ class WorkQueue(Generic[K]):
         on_add: Callable[[K], None] | None = None,
         on_wait: Callable[[K, float], None] | None = None,
         on_processed: Callable[[K, float], None] | None = None,
+        urgent: Callable[[K], bool] | None = None,
     ) -> None:
         if not base_delay_s > 0:
             raise ValueError(f"base_delay_s must be > 0, got {base_delay_s}")
@@ -110,8 +118,10 @@ class WorkQueue(Generic[K]):
         self._on_add = on_add
         self._on_wait = on_wait
         self._on_processed = on_processed
+        self._urgent = urgent
 
-        # Ready keys in hand-out order; each key appears at most once.
+        # Ready keys in hand-out order, the urgent lane and the normal one; each key is in at most one, once.
+        self._urgent_queue: deque[K] = deque()
         self._queue: deque[K] = deque()
         # Keys that need processing: every key in _queue, plus processing keys re-added meanwhile.
         self._dirty: set[K] = set()
@@ -128,15 +138,16 @@ class WorkQueue(Generic[K]):
 
         self._failures: dict[K, int] = {}
 
-        self._getters: deque[asyncio.Future[None]] = deque()
+        # Waiting get()s: each future with whether it takes urgent keys only.
+        self._getters: deque[tuple[asyncio.Future[None], bool]] = deque()
         self._drain_waiters: list[asyncio.Future[None]] = []
         self._shutting_down = False
 
     # ---------------------------------------------------------------- introspection
 
     def __len__(self) -> int:
-        """The number of keys ready to be handed out."""
-        return len(self._queue)
+        """The number of keys ready to be handed out (both lanes)."""
+        return len(self._queue) + len(self._urgent_queue)
 
     depth = property(__len__, doc="Ready keys (client-go's ``workqueue_depth``); the same as ``len(queue)``.")
 
@@ -158,14 +169,19 @@ class WorkQueue(Generic[K]):
     # ---------------------------------------------------------------- adding
 
     def add(self, key: K) -> None:
-        """Mark ``key`` as needing processing; ignored after shutdown or if it is already waiting."""
-        if self._shutting_down or key in self._dirty:
+        """Mark ``key`` as needing processing; ignored after shutdown or if it is already waiting (a waiting key
+        the classifier now calls urgent moves to the urgent lane)."""
+        if self._shutting_down:
+            return
+        if key in self._dirty:
+            if key not in self._processing and self._is_urgent(key) and key in self._queue:
+                self._queue.remove(key)
+                self._enqueue(key)
             return
         self._dirty.add(key)
         self._added_at[key] = time.monotonic()
         if key not in self._processing:
-            self._queue.append(key)
-            self._wake_getter()
+            self._enqueue(key)
         # Otherwise done() queues it once the current processing ends.
         self._observe(self._on_add, key)
 
@@ -203,34 +219,35 @@ class WorkQueue(Generic[K]):
 
     # ---------------------------------------------------------------- consuming
 
-    async def get(self) -> K:
+    async def get(self, *, urgent_only: bool = False) -> K:
         """Wait for the next ready key and mark it processing; the caller must call ``done(key)``.
 
-        Raises :class:`ShutDown` once the queue is shut down and no key is left to hand out.
+        Urgent keys come first; ``urgent_only`` waits for an urgent key and takes no other. Raises
+        :class:`ShutDown` once the queue is shut down and no key this caller may take is left.
         """
-        while not self._queue:
+        while not self._urgent_queue and (urgent_only or not self._queue):
             if self._shutting_down:
                 raise ShutDown
             waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-            self._getters.append(waiter)
+            entry = (waiter, urgent_only)
+            self._getters.append(entry)
             try:
                 await waiter
             except BaseException:
                 waiter.cancel()
                 with contextlib.suppress(ValueError):
-                    self._getters.remove(waiter)
-                if self._queue and not waiter.cancelled():
+                    self._getters.remove(entry)
+                if not waiter.cancelled():
                     # We were woken for a key but will not take it: pass the wake-up on.
-                    self._wake_getter()
+                    self._wake_getters()
                 raise
-        key = self._queue.popleft()
+        key = self._urgent_queue.popleft() if self._urgent_queue else self._queue.popleft()
         self._dirty.discard(key)
         self._processing.add(key)
         now = time.monotonic()
         self._started_at[key] = now
         added = self._added_at.pop(key, now)
-        if self._queue:
-            self._wake_getter()
+        self._wake_getters()
         self._observe(self._on_wait, key, now - added)
         return key
 
@@ -244,8 +261,7 @@ class WorkQueue(Generic[K]):
         self._processing.discard(key)
         started = self._started_at.pop(key, None)
         if key in self._dirty:
-            self._queue.append(key)
-            self._wake_getter()
+            self._enqueue(key)
         self._wake_drain_waiters()
         if started is not None:
             self._observe(self._on_processed, key, time.monotonic() - started)
@@ -255,9 +271,10 @@ class WorkQueue(Generic[K]):
     def shutdown(self) -> None:
         """Stop now: ignore adds, drop ready and delayed keys, make every ``get()`` raise ShutDown."""
         self._begin_shutdown()
-        for key in self._queue:
+        for key in (*self._queue, *self._urgent_queue):
             self._added_at.pop(key, None)
         self._queue.clear()
+        self._urgent_queue.clear()
         # Processing keys re-added before the shutdown are not requeued by done() any more.
         for key in self._dirty:
             self._added_at.pop(key, None)
@@ -274,7 +291,7 @@ class WorkQueue(Generic[K]):
         loop = asyncio.get_running_loop()
         try:
             async with asyncio.timeout(timeout_s):
-                while self._queue or self._processing:
+                while self._queue or self._urgent_queue or self._processing:
                     waiter: asyncio.Future[None] = loop.create_future()
                     self._drain_waiters.append(waiter)
                     try:
@@ -299,19 +316,45 @@ class WorkQueue(Generic[K]):
         self._delayed.clear()
         # Wake every getter: those finding the queue empty raise ShutDown, the rest take a key (drain).
         while self._getters:
-            waiter = self._getters.popleft()
+            waiter, _ = self._getters.popleft()
             if not waiter.done():
                 waiter.set_result(None)
 
-    def _wake_getter(self) -> None:
-        while self._getters:
-            waiter = self._getters.popleft()
-            if not waiter.done():
+    def _is_urgent(self, key: K) -> bool:
+        if self._urgent is None:
+            return False
+        try:
+            return self._urgent(key)
+        except Exception:
+            log.exception("work queue urgency classifier failed", queue=self.name)
+            return False
+
+    def _enqueue(self, key: K) -> None:
+        """Put a ready key in its lane and wake a getter that may take it."""
+        (self._urgent_queue if self._is_urgent(key) else self._queue).append(key)
+        self._wake_getters()
+
+    def _wake_getters(self) -> None:
+        """Wake one waiting getter per ready key it may take: urgent keys wake urgent-only getters first."""
+        urgent, normal = len(self._urgent_queue), len(self._queue)
+        if not self._getters or not (urgent or normal):
+            return
+        for only in (True, False):  # urgent-only getters first, for urgent keys; then the others, for the rest
+            for entry in list(self._getters):
+                waiter, urgent_only = entry
+                if urgent_only != only or waiter.done():
+                    continue
+                if urgent > 0:
+                    urgent -= 1
+                elif normal > 0 and not urgent_only:
+                    normal -= 1
+                else:
+                    continue
+                self._getters.remove(entry)
                 waiter.set_result(None)
-                return
 
     def _wake_drain_waiters(self) -> None:
-        if self._queue or self._processing:
+        if self._queue or self._urgent_queue or self._processing:
             return
         waiters, self._drain_waiters = self._drain_waiters, []
         for waiter in waiters:
