@@ -983,7 +983,7 @@ class Reconciler:
         )
 
     def _may(self, step: LifeStep, ref: ModelRef, obj: ModelObject) -> bool:
-        """The lifecycle gate (agent/lifecycle.py) for ``step`` of ``obj``'s incarnation, from the cache as it is now."""
+        """The lifecycle gate (agent/lifecycle.py) for ``step`` of ``obj``'s incarnation, on the cache now."""
         now = presence(self.cached_object(ref), obj.metadata.uid)
         if gate(step, now):
             return True
