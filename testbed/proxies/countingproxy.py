@@ -16,10 +16,14 @@ Contract:
   leaves ``bytes_sent`` at what was offered to it.
 * ``rewrite`` may map a request to another upstream path (olah needs one route shimmed); records keep the
   path the client asked for.
+* ``pace(fragment, bytes_per_s)`` slows the bodies of requests whose path contains ``fragment`` to that rate
+  (each request on its own, in 16 KiB steps), for tests that need a download to still be running when they act;
+  ``in_flight(fragment)`` counts such requests not yet ended (ended: sent in full, failed, or left by the client).
 """
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import threading
 import time
@@ -33,6 +37,7 @@ from testbed.proxies.hop_by_hop import HOP_BY_HOP_HEADERS
 from testbed.proxies.loop_thread import LoopThread, serve_on_loopback
 
 _CHUNK = 256 * 1024
+_PACED_STEP = 16 * 1024
 
 
 @dataclasses.dataclass
@@ -77,6 +82,7 @@ class CountingProxy(LoopThread):
         self._rewrite = rewrite
         self._lock = threading.Lock()
         self._records: list[ServedRequest] = []
+        self._paces: dict[str, float] = {}
         self._runner: web.AppRunner | None = None
         self._session: aiohttp.ClientSession | None = None
         self.port = 0
@@ -101,6 +107,24 @@ class CountingProxy(LoopThread):
         """Body bytes sent to clients for requests whose path contains ``path_contains`` (all when empty)."""
         with self._lock:
             return sum(r.bytes_sent for r in self._records if path_contains in r.path)
+
+    def pace(self, path_contains: str, bytes_per_s: float | None) -> None:
+        """Slow the bodies of requests whose path contains ``path_contains`` to ``bytes_per_s`` (None: full speed)."""
+        with self._lock:
+            if bytes_per_s is None:
+                self._paces.pop(path_contains, None)
+            else:
+                self._paces[path_contains] = bytes_per_s
+
+    def in_flight(self, path_contains: str = "") -> int:
+        """Requests whose path contains ``path_contains`` that started and have not ended."""
+        with self._lock:
+            return sum(1 for r in self._records if path_contains in r.path and not r.ended)
+
+    def _rate_for(self, path: str) -> float | None:
+        with self._lock:
+            rates = [rate for fragment, rate in self._paces.items() if fragment in path]
+        return min(rates) if rates else None
 
     # -- lifecycle (start, stop and the with block: LoopThread)
     async def _setup(self) -> int:
@@ -153,9 +177,14 @@ class CountingProxy(LoopThread):
                 try:
                     if request.method != "HEAD":
                         async for chunk in upstream.content.iter_chunked(_CHUNK):
-                            with self._lock:
-                                record.bytes_sent += len(chunk)
-                            await response.write(chunk)
+                            rate = self._rate_for(request.raw_path)
+                            steps = [chunk] if rate is None else _slices(chunk, _PACED_STEP)
+                            for step in steps:
+                                with self._lock:
+                                    record.bytes_sent += len(step)
+                                await response.write(step)
+                                if rate is not None:
+                                    await asyncio.sleep(len(step) / rate)
                     await response.write_eof()
                 except ConnectionResetError:  # the client went away; bytes_sent keeps what was offered
                     pass
@@ -169,3 +198,7 @@ class CountingProxy(LoopThread):
             with self._lock:
                 record.status = 502
             return web.Response(status=502, text=f"origin unreachable: {exc}\n")
+
+
+def _slices(data: bytes, size: int) -> list[bytes]:
+    return [data[i : i + size] for i in range(0, len(data), size)]

@@ -10,16 +10,19 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from pathlib import Path
 
 import pytest
 
 from model_agent.model.keys import configmap_key, node_label_key
 from testbed.models import tiny_llama
+from testbed.proxies.countingproxy import CountingProxy
 from testbed.servers.olah import OlahServer, create_model_repo
 from tests.e2e.conftest import AgentFactory
-from tests.support.kube import Kube, cbm
-from tests.support.waiting import eventually
+from tests.e2e.test_reconcile_safety import private, state
+from tests.support.kube import Kube, LabelHistory, cbm
+from tests.support.waiting import always, eventually
 
 pytestmark = pytest.mark.e2e
 
@@ -65,3 +68,108 @@ async def test_the_agent_starts_with_every_flag_omes_v13_chart_passes_and_serves
     assert {"--same-path-wait-timeout", "--download-retry", "--concurrency"} <= flags
     assert "--num-high-priority-worker" not in flags  # mapped: the removal lane's workers
     await kube.delete_model(CBM, name)
+
+
+# A download that lasts: 8 MiB of weights paced at 128 KiB/s at the mirror (about a minute), so the test acts while
+# it runs.
+SLOW_PADDING = 8 * 1024 * 1024
+SLOW_RATE = 128 * 1024
+
+
+async def slow_repo(mirrors_root: Path, hub: CountingProxy, repo: str, seed: int) -> str:
+    await asyncio.to_thread(create_model_repo, mirrors_root, repo, tiny_llama(seed, padding_bytes=SLOW_PADDING))
+    hub.pace(f"/{repo}/resolve/", SLOW_RATE)
+    return f"/{repo}/resolve/"
+
+
+async def test_a_model_deleted_while_its_download_runs_stops_downloading_at_once_and_is_never_ready(
+    kube: Kube, olah: OlahServer, mirrors_root: Path, make_agent: AgentFactory, unique: str
+) -> None:
+    """OME's deletes-before-downloads rule: the running download of a deleted model stops within 5 s of the delete
+    (before the delete breaker's settle period, 10 s here, which holds only the removal), ``Ready`` is never written
+    for it (a watch of the Node sees every value its label took), and its staging area ends empty."""
+    with CountingProxy(olah.endpoint) as hub:
+        name = f"del-dl-{unique}"
+        files = await slow_repo(mirrors_root, hub, f"acme/{name}", 91)
+        # A settle period longer than the bound: the download must stop before it, not after.
+        agent = await make_agent(args=("--delete-settle", "10"), env={"HF_ENDPOINT": hub.endpoint})
+        label = node_label_key(CBM, "", name)
+        async with LabelHistory(kube, agent.node, label) as history:
+            await kube.apply(cbm(name, f"hf://acme/{name}", str(agent.models_root / "m"), nodeSelector=_on(agent.node)))
+
+            async def downloading() -> bool:
+                return hub.in_flight(files) > 0 and hub.bytes_sent(files) > 256 * 1024
+
+            await eventually(downloading, timeout=60, what="the weights downloading")
+            deleted = time.monotonic()
+            await kube.delete_model(CBM, name)
+
+            async def stopped() -> bool:
+                return hub.in_flight(files) == 0
+
+            await eventually(stopped, timeout=10, interval=0.05, what="the download stopped")
+            stopped_after = time.monotonic() - deleted
+            sent = hub.bytes_sent(files)
+
+            async def gone() -> bool:
+                return await state(kube, agent, name) == (None, None)
+
+            await eventually(gone, timeout=30, what="label and entry removed")
+            assert private(agent, "staging") == [], "the deleted model's staging was left behind"
+            assert hub.bytes_sent(files) == sent, "bytes were fetched for the model after its download stopped"
+        assert stopped_after <= 5.0, f"the download ran on {stopped_after:.1f} s after the delete"
+        assert "Ready" not in history.values, f"the label took {history.values}"
+        assert not (agent.models_root / "m").exists()
+        print(f"download stopped {stopped_after:.2f} s after the delete; label values {history.values}")
+
+
+async def test_a_delete_completes_at_once_while_every_download_worker_is_busy(
+    kube: Kube, olah: OlahServer, mirrors_root: Path, make_agent: AgentFactory, unique: str
+) -> None:
+    """Two download workers busy on slow models, a third model waiting for one of them: deleting the third
+    completes (label and entry gone) within 5 s, and the two downloads go on. The settle period is 1 s here
+    (``--delete-settle``, this agent's own hold before a confirmed removal acts; OME has none)."""
+    with CountingProxy(olah.endpoint) as hub:
+        names = [f"busy{i}-{unique}" for i in range(3)]
+        paths = [await slow_repo(mirrors_root, hub, f"acme/{n}", 92 + i) for i, n in enumerate(names)]
+        agent = await make_agent(
+            args=("--num-download-worker", "2", "--num-high-priority-worker", "1", "--delete-settle", "1"),
+            env={"HF_ENDPOINT": hub.endpoint},
+        )
+        for i, name in enumerate(names[:2]):
+            dest = str(agent.models_root / name)
+            await kube.apply(cbm(name, f"hf://acme/{name}", dest, nodeSelector=_on(agent.node)))
+
+            async def running(path: str = paths[i]) -> bool:
+                return hub.in_flight(path) > 0
+
+            await eventually(running, timeout=60, what=f"{name} downloading")
+        third = names[2]
+        await kube.apply(cbm(third, f"hf://acme/{third}", str(agent.models_root / third), nodeSelector=_on(agent.node)))
+
+        async def waiting() -> bool:
+            return (await state(kube, agent, third))[0] == "Updating"
+
+        await eventually(waiting, timeout=30, what="the third model Updating, waiting for a worker")
+        assert hub.in_flight(paths[2]) == 0  # it waits for a download worker
+        deleted = time.monotonic()
+        await kube.delete_model(CBM, third)
+
+        async def gone() -> bool:
+            return await state(kube, agent, third) == (None, None)
+
+        await eventually(gone, timeout=30, interval=0.05, what="the third model's label and entry removed")
+        took = time.monotonic() - deleted
+        assert took <= 5.0, f"the delete took {took:.1f} s"
+
+        async def both_downloading() -> bool:
+            return hub.in_flight(paths[0]) > 0 and hub.in_flight(paths[1]) > 0
+
+        await always(both_downloading, duration=1.0, what="the two other downloads still running")
+        print(f"delete completed {took:.2f} s after it was made, with 2 of 2 download workers busy")
+        for name in names[:2]:
+            await kube.delete_model(CBM, name)
+
+
+def _on(node: str) -> dict[str, str]:
+    return {"kubernetes.io/hostname": node}
