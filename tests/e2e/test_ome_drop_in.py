@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import sys
 import time
 from pathlib import Path
 
@@ -21,7 +22,7 @@ from testbed.proxies.countingproxy import CountingProxy
 from testbed.servers.olah import OlahServer, create_model_repo
 from tests.e2e.conftest import AgentFactory
 from tests.e2e.test_reconcile_safety import private, state
-from tests.support.kube import Kube, LabelHistory, cbm
+from tests.support.kube import Kube, LabelHistory, bm, cbm
 from tests.support.waiting import always, eventually
 
 pytestmark = pytest.mark.e2e
@@ -173,3 +174,55 @@ async def test_a_delete_completes_at_once_while_every_download_worker_is_busy(
 
 def _on(node: str) -> dict[str, str]:
     return {"kubernetes.io/hostname": node}
+
+
+async def test_the_preflight_check_names_the_tenant_local_model_that_would_fail_and_its_setting(
+    kube: Kube, kubeconfig: Path, make_agent: AgentFactory, tmp_path: Path, unique: str
+) -> None:
+    """Before the switch: ``model-agent preflight`` with the DaemonSet's flags lists a tenant's ``local://`` model
+    outside the models root (Ready on OME's agent) as ``Failed: InvalidPath`` with ``--tenant-local-allow``; the
+    agent itself, run with the same flags, shows exactly that; with the setting, preflight lists nothing of it."""
+    outside = tmp_path / "preprovisioned" / "llama"
+    outside.mkdir(parents=True)
+    for name, data in tiny_llama(95).items():
+        (outside / name).write_bytes(data)
+    namespace, name = f"team-{unique}", f"pre-{unique}"
+    await kube.ensure_namespace(namespace)
+    agent = await make_agent()
+    await kube.apply(bm(namespace, name, f"local://{outside}", nodeSelector=_on(agent.node)))
+    fine = f"fine-{unique}"
+    await kube.apply(cbm(fine, f"local://{outside}", nodeSelector={"kubernetes.io/hostname": "no-such-node"}))
+
+    async def preflight(*extra: str) -> tuple[int, list[dict[str, str]]]:
+        args = ["preflight", "--models-root-dir", str(agent.models_root), "--kubeconfig", str(kubeconfig)]
+        proc = await asyncio.create_subprocess_exec(
+            *_model_agent(), *args, *extra, "--output", "json", stdout=asyncio.subprocess.PIPE
+        )
+        out, _ = await asyncio.wait_for(proc.communicate(), 60)
+        assert proc.returncode is not None
+        return proc.returncode, json.loads(out)
+
+    code, rows = await preflight()
+    mine = [r for r in rows if r["key"] == f"BaseModel/{namespace}/{name}"]
+    assert code == 1
+    assert len(mine) == 1, rows
+    assert mine[0]["state"] == "Failed" and mine[0]["reason"] == "InvalidPath"
+    assert "--tenant-local-allow" in mine[0]["setting"]
+    assert not [r for r in rows if r["key"] == f"ClusterBaseModel//{fine}"]  # an admin's local path may lie anywhere
+
+    async def shown() -> str | None:
+        entry = await kube.entry(agent.node, configmap_key("BaseModel", namespace, name)) or {}
+        return str(entry.get("reason")) if entry.get("status") == "Failed" else None
+
+    reason = await eventually(shown, timeout=60, what="the agent's verdict on the tenant's model")
+    assert reason is not None and reason.startswith("InvalidPath"), reason
+
+    _, rows = await preflight("--tenant-local-allow", str(outside.parent))
+    assert not [r for r in rows if r["key"] == f"BaseModel/{namespace}/{name}"], rows
+    await kube.delete_model("BaseModel", name, namespace)
+    await kube.delete_model(CBM, fine)
+
+
+def _model_agent() -> list[str]:
+    """The console entry of this checkout's install, as the test bed runs the agent."""
+    return [sys.executable, "-m", "model_agent"]

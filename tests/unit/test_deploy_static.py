@@ -141,7 +141,7 @@ def test_pod_is_hardened_and_probed() -> None:
     assert sc["seccompProfile"]["type"] == "RuntimeDefault"
     assert sc["runAsNonRoot"] is (sc["runAsUser"] != 0)
     assert pod["serviceAccountName"] == _service_account()[1]
-    assert pod["priorityClassName"] == "system-node-critical"
+    assert "priorityClassName" not in pod  # none by default, as OME's v1.3 chart (deploy/README.md, Priority)
     assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in pod["tolerations"]
     # /tmp is the only writable scratch space.
     tmp = [m for m in container["volumeMounts"] if m["mountPath"] == "/tmp"]
@@ -409,7 +409,10 @@ def test_chart_metadata_and_values_match_the_manifests() -> None:
         assert _arg(container, flag) == ([] if value is None else [str(value)]), flag
     assert container["resources"] == values["resources"]
     assert pod["tolerations"] == values["tolerations"]
-    assert pod["priorityClassName"] == values["priorityClassName"]
+    assert pod.get("priorityClassName", "") == values["priorityClassName"]
+    assert _arg(container, "num-download-worker") == [str(values["numDownloadWorkers"])]
+    assert _arg(container, "num-high-priority-worker") == [str(values["numHighPriorityWorkers"])]
+    assert _arg(container, "model-verification-concurrency") == [str(values["modelVerificationConcurrency"])]
     assert container["securityContext"]["runAsUser"] == values["securityContext"]["runAsUser"]
     assert container["image"] == f"{values['image']['repository']}:{chart['appVersion']}"
     for template in ("daemonset.yaml", "rbac.yaml", "model-secrets-rbac.yaml", "admission-policy.yaml"):
@@ -470,6 +473,55 @@ def _dashboard_queries(dashboard: Doc) -> list[str]:
         queries.append(query.get("query", "") if isinstance(query, dict) else str(query or ""))
         queries.append(str(variable.get("definition", "")))
     return queries
+
+
+# An OME operator's values for its v1.3 model agent, under the names OME's chart gives them.
+OME_V13_VALUES = {
+    "numDownloadWorkers": "3",
+    "numHighPriorityWorkers": "2",
+    "samePathWaitTimeout": "45m",
+    "modelVerificationConcurrency": "4",
+    "taskSchedulerCapacity": "100",
+    "health.port": "9100",
+    "podMonitor.enabled": "true",
+    "podMonitor.interval": "15s",
+    "podMonitor.labels.release": "prometheus",
+    "priorityClassName": "ome-high",
+}
+
+
+def test_the_chart_renders_omes_v13_value_names() -> None:
+    helm = helm_binary()
+    assert helm.is_file(), f"helm is not built: run `python -m testbed build --with-helm` ({helm})"
+    sets = [part for key, value in OME_V13_VALUES.items() for part in ("--set", f"{key}={value}")]
+    out = subprocess.run(
+        [str(helm), "template", "model-agent", str(CHART), "--namespace", NAMESPACE, *sets],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
+    docs = {d["kind"]: d for d in yaml.safe_load_all(out) if d is not None}
+    pod = docs["DaemonSet"]["spec"]["template"]["spec"]
+    container = pod["containers"][0]
+    assert _arg(container, "num-download-worker") == ["3"]
+    assert _arg(container, "num-high-priority-worker") == ["2"]
+    assert _arg(container, "same-path-wait-timeout") == ["45m"]
+    assert _arg(container, "model-verification-concurrency") == ["4"]
+    assert not [a for a in container["args"] if "capacity" in str(a)]  # taskSchedulerCapacity: nothing to set here
+    assert _arg(container, "port") == ["9100"]
+    assert {"name": "metrics", "containerPort": 9100, "protocol": "TCP"} in container["ports"]
+    assert pod["priorityClassName"] == "ome-high"
+    monitor = docs["PodMonitor"]
+    assert monitor["apiVersion"] == "monitoring.coreos.com/v1"
+    assert monitor["metadata"]["labels"]["release"] == "prometheus"
+    assert monitor["spec"]["podMetricsEndpoints"] == [{"port": "metrics", "path": "/metrics", "interval": "15s"}]
+    assert monitor["spec"]["selector"]["matchLabels"].items() <= pod_labels(docs["DaemonSet"]).items()
+    health_rule = [r for r in docs["NetworkPolicy"]["spec"]["ingress"] if r["ports"][0]["port"] != 8090]
+    assert health_rule[0]["ports"] == [{"protocol": "TCP", "port": 9100}]
+
+
+def pod_labels(daemonset: Doc) -> dict[str, str]:
+    return cast(dict[str, str], daemonset["spec"]["template"]["metadata"]["labels"])
 
 
 def test_dashboard_uses_only_exposed_metric_names() -> None:

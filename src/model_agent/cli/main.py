@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import typer
 
-from model_agent.cli import run, status, trash, verify
+from model_agent.cli import preflight, run, status, trash, verify
 
 app = typer.Typer(
     help="model-agent keeps a node's model weights, Node labels and ConfigMap in agreement with OME models.",
@@ -18,6 +18,7 @@ app = typer.Typer(
 app.command("run")(run.run)
 app.command("status")(status.status)
 app.command("verify")(verify.verify)
+app.command("preflight")(preflight.preflight)
 app.add_typer(trash.app, name="trash")
 
 

@@ -36,7 +36,7 @@ log = structlog.get_logger(__name__)
 RUN_FLAGS = run_flags()  # the Settings fields that are flags, in field order
 
 
-def _option(flag: RunFlag) -> inspect.Parameter:
+def flag_option(flag: RunFlag) -> inspect.Parameter:
     """One typer option: unset is None, so the environment variable or the field's default decides."""
     # a switch has its --no- form (a DaemonSet can turn off what the environment turned on)
     declared = f"{flag.option}/--no-{flag.option[2:]}" if flag.value_type is bool else flag.option
@@ -44,7 +44,7 @@ def _option(flag: RunFlag) -> inspect.Parameter:
     return inspect.Parameter(flag.field, inspect.Parameter.KEYWORD_ONLY, default=None, annotation=option_type)
 
 
-def _settings_input(given: dict[str, Any]) -> dict[str, Any]:
+def settings_input(given: dict[str, Any]) -> dict[str, Any]:
     """The keywords for Settings from the flags given (keyed by field); flags not given are left out."""
     values: dict[str, Any] = {}
     for flag in RUN_FLAGS:
@@ -63,7 +63,7 @@ def _settings_input(given: dict[str, Any]) -> dict[str, Any]:
 
 def run(**given: Any) -> None:
     """Run the node agent: watch models, fetch weights, label the Node, keep the ConfigMap."""
-    kwargs = _settings_input(given)
+    kwargs = settings_input(given)
     try:
         settings = Settings(**kwargs)
         # nested roots, a --state-dir inside a root: refused here
@@ -89,7 +89,7 @@ def run(**given: Any) -> None:
 
 
 # typer builds the command from the signature: one option per flag, generated from the Settings fields.
-run.__signature__ = inspect.Signature([_option(flag) for flag in RUN_FLAGS])  # type: ignore[attr-defined]
+run.__signature__ = inspect.Signature([flag_option(flag) for flag in RUN_FLAGS])  # type: ignore[attr-defined]
 
 
 async def _main(settings: Settings) -> int:

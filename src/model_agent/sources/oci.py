@@ -83,7 +83,7 @@ from typing import Any, Unpack
 from urllib.parse import quote
 
 from model_agent.model.reasons import Reason
-from model_agent.model.uris import parse_oci_uri
+from model_agent.model.uris import InvalidStorageUri, parse_oci_uri
 from model_agent.sources.base import FetchRequest, FetchResult, Progress, SourceError, SourceRules
 from model_agent.sources.egress import guard_for, refused
 from model_agent.sources.listing import ListingBudget
@@ -136,6 +136,21 @@ def _flag(value: str | None) -> bool:
 def uses_storage_secret(parameters: Mapping[str, str]) -> bool:
     """Whether an ``oci://`` model reads the Secret of ``spec.storage.key`` (only in ``s3Compat`` mode)."""
     return _flag(parameters.get(PARAM_S3_COMPAT))
+
+
+def needs_node_identity(namespace: str | None, s3_compat: bool) -> bool:
+    """Whether a fetch can only sign with the node's OCI identity (never a tenant's): every native fetch; an
+    S3-compatible one that names its namespace signs with the Customer Secret Key of ``spec.storage.key``."""
+    return not (s3_compat and namespace)
+
+
+def tenant_refused(uri: str, parameters: Mapping[str, str]) -> bool:
+    """:func:`needs_node_identity` for a spec (the pre-flight check's view); False for a URI that does not parse."""
+    try:
+        parsed = parse_oci_uri(uri)
+    except InvalidStorageUri:
+        return False
+    return needs_node_identity(parsed.namespace, _flag(parameters.get(PARAM_S3_COMPAT)))
 
 
 def settings_for(request: FetchRequest) -> OciSettings:
@@ -454,7 +469,7 @@ class OciSource(ObjectStoreFetch):
     async def fetch(self, request: FetchRequest) -> FetchResult:
         settings = settings_for(request)
         guard = guard_for(request.owner)
-        if guard is not None and not (settings.s3_compat and settings.namespace):
+        if guard is not None and needs_node_identity(settings.namespace, settings.s3_compat):
             raise refused(
                 Reason.CREDENTIAL_REFUSED,
                 f"a {guard.owner.describe()} may not use the node's OCI identity, and a native oci:// fetch signs "

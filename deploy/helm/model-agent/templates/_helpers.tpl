@@ -58,3 +58,15 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) -}}
 {{- end -}}
 {{- end -}}
+
+{{/*
+The health port (/healthz, /livez, /readyz, /metrics): health.port (OME's value name) when set, else agent.port.
+*/}}
+{{- define "model-agent.healthPort" -}}
+{{- $health := .Values.health | default dict -}}
+{{- if kindIs "invalid" $health.port -}}
+{{- int .Values.agent.port -}}
+{{- else -}}
+{{- int $health.port -}}
+{{- end -}}
+{{- end }}
