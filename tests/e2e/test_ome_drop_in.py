@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -21,7 +22,7 @@ from testbed.models import tiny_llama
 from testbed.proxies.countingproxy import CountingProxy
 from testbed.servers.olah import OlahServer, create_model_repo
 from tests.e2e.conftest import AgentFactory
-from tests.e2e.test_reconcile_safety import private, state
+from tests.e2e.test_reconcile_safety import private, state, wait_ready
 from tests.support.kube import Kube, LabelHistory, bm, cbm
 from tests.support.waiting import always, eventually
 
@@ -226,3 +227,59 @@ async def test_the_preflight_check_names_the_tenant_local_model_that_would_fail_
 def _model_agent() -> list[str]:
     """The console entry of this checkout's install, as the test bed runs the agent."""
     return [sys.executable, "-m", "model_agent"]
+
+
+# The fields of an entry OME's agent writes and reads (docs/ome-compatibility.md#6-per-node-configmap), and the one
+# this agent adds (OME's agent drops it when it rewrites the entry).
+OME_ENTRY_FIELDS = {"name", "status", "config", "progress", "reason"}
+OWN_ENTRY_FIELDS = {"bytesBySource"}
+
+
+async def test_what_the_agent_hands_back_to_omes_agent(
+    kube: Kube, olah: OlahServer, mirrors_root: Path, make_agent: AgentFactory, tmp_path: Path, unique: str
+) -> None:
+    """The way back, as far as it goes without OME's binary: stop the agent with a plain model and a shared snapshot
+    (``ReuseIfExists``) Ready, and check what OME's agent would find. The labels stay ``Ready`` under OME's keys;
+    each entry holds OME's fields (plus ``bytesBySource``), and its ``config`` reads as OME's; every model's path
+    leads to the source's bytes (the shared one through a relative link that stays inside the models root, as
+    OME's layout has it); the agent's own records are all under ``<root>/.model-agent``."""
+    plain_repo, shared_repo = f"acme/back-{unique}", f"acme/back-shared-{unique}"
+    plain_files, shared_files = tiny_llama(96), tiny_llama(97)
+    await asyncio.to_thread(create_model_repo, mirrors_root, plain_repo, plain_files)
+    commit = await asyncio.to_thread(create_model_repo, mirrors_root, shared_repo, shared_files)
+    root = tmp_path / "models"
+    agent = await make_agent(models_root=root)
+    plain, shared = f"back-{unique}", f"back-shared-{unique}"
+    await kube.apply(cbm(plain, f"hf://{plain_repo}", str(root / "plain"), nodeSelector=_on(agent.node)))
+    await kube.apply(
+        cbm(
+            shared,
+            f"hf://{shared_repo}@{commit}",
+            str(root / "shared"),
+            nodeSelector=_on(agent.node),
+            downloadPolicy="ReuseIfExists",
+        )
+    )
+    for name in (plain, shared):
+        await wait_ready(kube, agent, name, timeout=60)
+    await asyncio.to_thread(agent.stop, 30.0)  # the hand-back: this agent is gone from the node
+
+    labels = await kube.node_labels(agent.node)
+    for name, files, path in ((plain, plain_files, root / "plain"), (shared, shared_files, root / "shared")):
+        assert labels.get(node_label_key(CBM, "", name)) == "Ready"
+        entry = await kube.entry(agent.node, configmap_key(CBM, "", name))
+        assert entry is not None and entry["status"] == "Ready" and entry["name"] == name
+        assert set(entry) <= OME_ENTRY_FIELDS | OWN_ENTRY_FIELDS, set(entry)
+        assert (entry.get("config") or {}).get("modelType") == "llama"
+        assert {p: (path / p).read_bytes() for p in files} == files
+    link = root / "shared"
+    assert link.is_symlink() and not Path(os.readlink(link)).is_absolute()  # relative, as OME's children are
+    target = link.resolve()
+    assert root.resolve() in target.parents and "_artifacts" in target.parts
+    private = root / ".model-agent"
+    made = {p for p in root.rglob("*") if p.is_file() and private not in p.parents}
+    repo_files = {".gitattributes"}  # the mirror's repositories carry one (create_model_repo)
+    served = {root / "plain" / p for p in {*plain_files, *repo_files}} | {
+        target / p for p in {*shared_files, *repo_files}
+    }
+    assert {p.resolve() for p in made} == {p.resolve() for p in served}, "files outside .model-agent besides weights"
