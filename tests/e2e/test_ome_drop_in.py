@@ -65,6 +65,8 @@ async def test_the_agent_starts_with_every_flag_omes_v13_chart_passes_and_serves
 
     await eventually(ready, timeout=60, what="the model Ready")
     assert {p: (dest / p).read_bytes() for p in files} == files
+    entry = await kube.entry(agent.node, configmap_key(CBM, "", name)) or {}
+    assert (entry.get("storageUri"), entry.get("storagePath")) == (f"hf://{repo}", str(dest))  # the spec it is for
     warned = [json.loads(line) for line in agent.log_text().splitlines() if "ignored" in line and line.startswith("{")]
     flags = {w.get("flag") for w in warned if w.get("event") == "flag accepted for OME compatibility and ignored"}
     assert {"--same-path-wait-timeout", "--download-retry", "--concurrency"} <= flags
@@ -231,7 +233,7 @@ def _model_agent() -> list[str]:
 
 # The fields of an entry OME's agent writes and reads (docs/ome-compatibility.md#6-per-node-configmap), and the one
 # this agent adds (OME's agent drops it when it rewrites the entry).
-OME_ENTRY_FIELDS = {"name", "status", "config", "progress", "reason"}
+OME_ENTRY_FIELDS = {"name", "status", "config", "progress", "storageUri", "storagePath", "reason"}
 OWN_ENTRY_FIELDS = {"bytesBySource"}
 
 

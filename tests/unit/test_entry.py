@@ -330,6 +330,8 @@ _entries = st.builds(
     status=st.sampled_from(["Ready", "Updating", "Failed"]),
     config=st.none() | _config,
     progress=st.none() | _progress,
+    storage_uri=_text,
+    storage_path=_text,
     bytes_by_source=st.none()
     | st.builds(
         BytesBySource, origin=st.integers(0, 2**64 - 1), peer=st.integers(0, 2**40), shared_root=st.integers(0, 2**40)
@@ -474,3 +476,13 @@ def test_capping_never_drops_bytes_by_source() -> None:
     capped = ModelEntry.from_json(cap_entry_json(entry.to_json()))
     assert capped is not None and capped.bytes_by_source == BytesBySource(origin=1, peer=2)
     assert capped.config is not None and capped.config.decoded_model_configuration is None
+
+
+def test_storage_fields_follow_omes_fields_and_are_left_out_when_empty() -> None:
+    entry = ModelEntry(name="m", status="Ready", storage_uri="hf://org/m", storage_path="/mnt/data/models/m")
+    assert (
+        entry.to_json() == '{"name":"m","status":"Ready","storageUri":"hf://org/m","storagePath":"/mnt/data/models/m"}'
+    )
+    assert ModelEntry(name="m", status="Ready").to_json() == '{"name":"m","status":"Ready"}'
+    assert ModelEntry.from_json(entry.to_json()) == entry
+    assert ModelEntry.from_json('{"name":"m","status":"Ready","storageUri":7}') is None  # Go refuses the type too

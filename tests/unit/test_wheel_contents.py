@@ -44,5 +44,5 @@ def test_wheel_contains_the_product_and_nothing_of_the_test_bed(tmp_path: Path) 
     for forbidden in ("testbed", "devenv", "demo", "tests/", "conftest", "faultproxy", "countingproxy"):
         assert not [name for name in names if forbidden in name], forbidden
     cli = sorted(Path(name).stem for name in names if name.startswith("model_agent/cli/"))
-    assert cli == ["__init__", "main", "run", "status", "trash", "verify"]
+    assert cli == ["__init__", "main", "preflight", "run", "status", "trash", "verify"]
     assert "model_agent/py.typed" in names

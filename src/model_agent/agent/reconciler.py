@@ -971,6 +971,7 @@ class Reconciler:
             reason=(reason or "") if state == ModelState.FAILED else "",
             bytes_by_source=sources,
         )
+        entry = _with_storage(entry, self.cached_object(ref) or {})
         value = entry.to_json()
         if state == ModelState.READY:
             await ctx.configmap.ensure(ref.configmap_key, value)
@@ -1014,6 +1015,7 @@ class Reconciler:
             config=current.config if current else None,
             reason=f"{reason}: {message}",
         )
+        entry = _with_storage(entry, raw)
         value = entry.to_json()
         changed_entry = ctx.configmap.data().get(ref.configmap_key) != value
         await ctx.labels.ensure(ref.label_key, ModelState.FAILED.value)
@@ -1070,6 +1072,25 @@ class Reconciler:
                 )
         except (ApiError, ApiUnavailable) as exc:
             log.info("spec enrichment skipped", key=ref.key, error=str(exc))
+
+
+def _with_storage(entry: ModelEntry, raw: Mapping[str, Any]) -> ModelEntry:
+    """``entry`` with ``storageUri`` and ``storagePath``: the spec its state was computed for (the URI as written; the
+    path as written, or a ``local://`` URI's own path). Read from the raw object, so a spec that failed to
+    validate still names what failed; a value of the wrong type is left out."""
+    spec = raw.get("spec")
+    storage = spec.get("storage") if isinstance(spec, Mapping) else None
+    if not isinstance(storage, Mapping):
+        return entry
+    uri = storage.get("storageUri")
+    path = storage.get("path")
+    uri = uri if isinstance(uri, str) else ""
+    if not (isinstance(path, str) and path):
+        path = ""
+        if uri.startswith("local://"):
+            with contextlib.suppress(InvalidStorageUri):
+                path = parse_local_uri(uri).path
+    return dataclasses.replace(entry, storage_uri=uri, storage_path=path)
 
 
 def _local_failure_message(target: Target, problems: list[str], reason: str) -> str:

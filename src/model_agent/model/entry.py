@@ -21,6 +21,8 @@ Contract:
   and NaN/Infinity; invalid UTF-8 becomes U+FFFD, as Go does inside strings. Unlike Go it matches
   field names case-sensitively (Go also folds case) and rejects a top-level ``null``; both only matter
   for hand-edited entries. A ``-0`` literal reads back as ``0`` (Python's json makes it an integer).
+* ``storageUri`` and ``storagePath`` (the spec the state was computed for) follow ``progress``, each only when set
+  (OME's v1.3 agent adds them; pull request #615).
 * Two top-level fields are this agent's own, written after OME's fields and only when set; OME's controller
   ignores them, as Go ignores unknown fields: ``bytesBySource`` (where the bytes of the copy being fetched,
   or of the Ready copy, came from: ``origin``, ``peer``, ``sharedRoot``; while ``Updating`` and ``Ready``)
@@ -216,6 +218,11 @@ class ModelEntry:
     status: str
     config: ModelConfig | None = None
     progress: DownloadProgress | None = None
+    # The spec the state was computed for: spec.storage.storageUri and the path the weights are served at
+    # (spec.storage.path, or a local:// URI's path), so a reader can tell a state of an older spec. OME's v1.3 agent
+    # adds the two fields (its pull request #615, open when this was written); omitted when empty.
+    storage_uri: str = ""
+    storage_path: str = ""
     # This agent's addition: why a model is Failed ("Reason: message"), written last and only when set, so
     # OME's controller (which ignores unknown fields) reads the entry as before. Capped at MAX_REASON chars.
     reason: str = ""
@@ -230,6 +237,10 @@ class ModelEntry:
             pairs.append(("config", _Struct(self.config._pairs())))
         if self.progress is not None:
             pairs.append(("progress", _Struct(self.progress._pairs())))
+        if self.storage_uri:
+            pairs.append(("storageUri", self.storage_uri))
+        if self.storage_path:
+            pairs.append(("storagePath", self.storage_path))
         if self.bytes_by_source is not None:
             pairs.append(("bytesBySource", _Struct(self.bytes_by_source._pairs())))
         if self.reason:
@@ -389,6 +400,8 @@ def _entry_from(doc: Mapping[str, Any]) -> ModelEntry:
         status=_string(doc, "status"),
         config=_config_from(config_doc) if config_doc is not None else None,
         progress=_progress_from(progress_doc) if progress_doc is not None else None,
+        storage_uri=_string(doc, "storageUri"),
+        storage_path=_string(doc, "storagePath"),
         # Not a field of OME's struct: whatever else stands there (someone else's write) reads as no reason.
         reason=doc["reason"] if isinstance(doc.get("reason"), str) else "",
         bytes_by_source=_bytes_by_source_from(doc.get("bytesBySource")),
