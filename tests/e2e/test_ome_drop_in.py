@@ -54,6 +54,9 @@ async def test_the_agent_starts_with_every_flag_omes_v13_chart_passes_and_serves
     await asyncio.to_thread(create_model_repo, mirrors_root, repo, files)
     args = tuple(part for flag, value in OME_V13_FLAGS.items() for part in (flag, value))
     agent = await make_agent(args=args)
+    # A CPU node (OME #746): no instance type, so no GPU shape alias (OME's agent would not start on one).
+    await kube.label_node(agent.node, {"node.kubernetes.io/instance-type": None, "nvidia.com/gpu.present": None})
+    assert "node.kubernetes.io/instance-type" not in await kube.node_labels(agent.node)
     name = f"ome13-{unique}"
     dest = agent.models_root / "m"
     await kube.apply(cbm(name, f"hf://{repo}", str(dest), nodeSelector={"kubernetes.io/hostname": agent.node}))
