@@ -197,6 +197,9 @@ async def test_staging_leftovers_are_cleaned_and_unmanaged_dirs_reported(
     stray = root / "someone-elses-weights"
     stray.mkdir()
     (stray / "w.bin").write_bytes(b"keep me")
+    ome_records = root / ".ome" / "manifests"  # OME's v1.3 agents' integrity manifests at the root
+    ome_records.mkdir(parents=True)
+    (ome_records / "m.json").write_text('{"files": []}')
     agent = await make_agent(args=RESYNC, models_root=root)
     name = f"inv-{unique}"
     await hf_model(kube, agent, mirrors_root, name)
@@ -207,8 +210,10 @@ async def test_staging_leftovers_are_cleaned_and_unmanaged_dirs_reported(
     await eventually(cleaned, timeout=15, what="stale staging removed")
     status = json.loads(agent.http("/status")[1])
     assert str(stray) in status["unmanaged"]
-    assert agent.metric("model_agent_unmanaged_directories") == 1
+    assert agent.metric("model_agent_unmanaged_directories") == 1  # the stray one; .ome/ is not a model
+    assert not [u for u in status["unmanaged"] if ".ome" in u]
     assert (stray / "w.bin").read_bytes() == b"keep me"
+    assert (ome_records / "m.json").read_text() == '{"files": []}'  # left alone
     await kube.delete_model(CBM, name)
 
 
