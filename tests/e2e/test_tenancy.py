@@ -30,6 +30,7 @@ import hashlib
 import http.client
 import json
 import threading
+import time
 import urllib.parse
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
@@ -42,7 +43,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 
 from model_agent.agent.crash_record import PROBATION_S
-from model_agent.kube.resources import EVENTS
+from model_agent.kube.resources import BASEMODELS, EVENTS
 from model_agent.model.keys import configmap_key, node_label_key
 from testbed.agent_process import AgentProcess
 from testbed.models import tiny_llama
@@ -970,3 +971,59 @@ async def test_an_agent_killed_during_a_listing_does_not_loop(
     # A listing thread cannot be interrupted: answer the held listing so the agent can stop in time.
     tenant_store.released.set()
     await asyncio.to_thread(agent.stop, 30.0)
+
+
+async def test_models_of_one_namespace_fill_only_their_share_of_ready_and_updating(
+    kube: Kube, make_agent: AgentFactory, tmp_path: Path, unique: str
+) -> None:
+    """Eight valid models of ``team-evil`` with a cap of three Ready or Updating: three Ready, five ``Failed:
+    ModelQuotaExceeded`` (never fetched, counted), the admin's models untouched; deleting a Ready one frees its
+    place for one of the others at its next retry (every minute: here a spec touch brings it forward)."""
+    u = unique
+    await kube.ensure_namespace(EVIL)
+    agent = await make_agent(args=("--max-models-per-namespace", "3"))
+    root = agent.models_root
+    victims = await victims_ready(kube, agent, tmp_path, u)
+    many = []
+    for i in range(8):
+        weights = root / EVIL / f"quota-{i}"
+        weights.mkdir(parents=True)
+        for name, data in tiny_llama(100 + i).items():
+            (weights / name).write_bytes(data)
+        many.append(bm(EVIL, f"evil-quota-{i}-{u}", f"local://{weights}"))
+    for manifest in many:
+        await kube.apply(manifest)
+
+    async def states() -> dict[str, str]:
+        out = {}
+        for manifest in many:
+            entry = await entry_of(kube, agent, manifest)
+            out[manifest["metadata"]["name"]] = f"{entry['status']}:{entry.get('reason', '')}" if entry else ""
+        return out
+
+    async def decided() -> dict[str, str] | None:
+        assert agent.alive(), agent.tail()
+        now = await states()
+        return now if all(s.startswith(("Ready", "Failed")) for s in now.values()) else None
+
+    found = await eventually(decided, timeout=60, what="every model Ready or refused")
+    assert found is not None
+    ready = [n for n, s in found.items() if s.startswith("Ready")]
+    refused = [n for n, s in found.items() if s.startswith("Failed:ModelQuotaExceeded")]
+    assert (len(ready), len(refused)) == (3, 5), found
+    assert agent.metric("model_agent_models_refused_total", namespace=EVIL) == 5
+    assert await victims.snapshot(kube, agent) == victims.before
+    await kube.delete_model(BM, ready[0], EVIL)
+
+    async def one_more_ready() -> bool:
+        for name in refused:  # a touch of each refused model's spec brings its retry forward
+            await kube.c.request(
+                "PATCH",
+                BASEMODELS.path(EVIL, name),
+                body={"metadata": {"annotations": {"touch": str(time.monotonic())}}},
+                content_type="application/merge-patch+json",
+            )
+        now = await states()
+        return sum(1 for s in now.values() if s.startswith("Ready")) == 3 and not now[ready[0]]
+
+    await eventually(one_more_ready, timeout=60, interval=1.0, what="a refused model taking the freed place")

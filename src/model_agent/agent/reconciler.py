@@ -33,10 +33,18 @@ from model_agent.agent.converge import Act, Facts, FailureFact, JobFact, LocalDi
 from model_agent.agent.crash_record import QUARANTINED, CrashRecords, Step
 from model_agent.agent.credentials import model_owner, read_storage_secret, resolve_hf_token
 from model_agent.agent.download_limits import DownloadLimits, run_within_limits
-from model_agent.agent.failed_quota import DEFAULT_FAILED_PER_NAMESPACE, OVER_QUOTA, FailedQuota
 from model_agent.agent.fetcher import Job
 from model_agent.agent.lifecycle import Step as LifeStep
 from model_agent.agent.lifecycle import gate, presence
+from model_agent.agent.namespace_quota import (
+    DEFAULT_FAILED_PER_NAMESPACE,
+    DEFAULT_MODELS_PER_NAMESPACE,
+    MODELS_OVER_QUOTA,
+    OVER_QUOTA,
+    NamespaceQuota,
+    failed_quota,
+    models_quota,
+)
 from model_agent.agent.node_parts import NodeParts
 from model_agent.agent.ownership import (
     Claim,
@@ -137,8 +145,10 @@ class Context(NodeParts):
     instance_type_map: Mapping[str, str] = field(default_factory=lambda: DEFAULT_INSTANCE_TYPE_MAP)
     # --download-timeout / --download-min-rate: a whole fetch's deadlines (agent/download_limits.py).
     download_limits: DownloadLimits = field(default_factory=DownloadLimits)
-    # --max-failed-per-namespace: Failed entries and labels one namespace may show here (agent/failed_quota.py).
+    # --max-failed-per-namespace: Failed entries and labels one namespace may show here (agent/namespace_quota.py).
     max_failed_per_namespace: int = DEFAULT_FAILED_PER_NAMESPACE
+    # --max-models-per-namespace: Ready and Updating models one namespace may show here (agent/namespace_quota.py).
+    max_models_per_namespace: int = DEFAULT_MODELS_PER_NAMESPACE
     # --tenant-local-allow: directories besides the roots where tenants' local:// paths may lie (agent/tenant_local.py).
     tenant_local_allow: tuple[str, ...] = ()
     # Shared models roots (agent/shared_root.py): one fetch for the cluster; None: every root is private.
@@ -153,7 +163,8 @@ class Reconciler:
     def __init__(self, ctx: Context) -> None:
         self.ctx = ctx
         # Made on first use (_fail): its counter registers in the agent's metrics registry.
-        self._failed_quota: FailedQuota | None = None
+        self._failed_quota: NamespaceQuota | None = None
+        self._models_quota: NamespaceQuota | None = None
         self._progress_written: dict[str, float] = {}
         self._enriched: set[str] = set()
         self._enrich_slots = asyncio.Semaphore(4)
@@ -311,12 +322,31 @@ class Reconciler:
         except Invalid as exc:
             await self._fail(ref, raw, exc.reason, exc.message)
             return
+        if not await self._admitted(ref, raw):
+            return
         crashed = self.crash_records.verdict(ref.key, obj.metadata.uid, obj.metadata.generation)
         if crashed.quarantined:  # the agent died on this spec's steps before: not until probation (crash_record.py)
             await self._fail(ref, raw, QUARANTINED, crashed.message)
             self.ctx.requeue_after(ref.key, crashed.retry_in_s)
             return
         await self._converge(ref, obj, raw, target, manifest)
+
+    async def _admitted(self, ref: ModelRef, raw: dict[str, Any]) -> bool:
+        """The namespace's cap of Ready and Updating models here (agent/namespace_quota.py): over it, the model is not
+        fetched and shows ``Failed: ModelQuotaExceeded`` (bounded in turn by the Failed cap), retried every minute."""
+        ctx = self.ctx
+        if self._models_quota is None:
+            self._models_quota = models_quota(ctx.max_models_per_namespace, ctx.metrics.registry)
+        room = self._models_quota.decide(ref, ctx.labels.labels().get(ref.label_key), ctx.configmap.data())
+        if room.admitted:
+            return True
+        message = (
+            f"namespace {ref.namespace} already has {self._models_quota.limit} models Ready or Updating on node "
+            f"{ctx.node_name} (--max-models-per-namespace); this one is not fetched here until one of them goes"
+        )
+        await self._fail(ref, raw, MODELS_OVER_QUOTA, message)
+        ctx.requeue_after(ref.key, 60.0)
+        return False
 
     @property
     def crash_records(self) -> CrashRecords:
@@ -341,7 +371,9 @@ class Reconciler:
                 await asyncio.to_thread(self.crash_records.forget, ref.key)
             return  # nothing of this model here: nothing to do
         uid = manifest.uid if manifest else (obj.metadata.uid if obj else "")
-        await self.ctx.remover.remove(Candidate(ref, uid, manifest, why))
+        removed = await self.ctx.remover.remove(Candidate(ref, uid, manifest, why))
+        if removed and self._models_quota is not None:
+            self._models_quota.release(ref)
 
     async def _link(self, ref: ModelRef, target: Target) -> None:
         """Point a shared artifact's link (its ``spec.storage.path``) at its parent; PathRefused when it cannot."""
@@ -994,7 +1026,9 @@ class Reconciler:
     async def _fail(self, ref: ModelRef, raw: dict[str, Any], reason: str, message: str) -> None:
         ctx = self.ctx
         if self._failed_quota is None:
-            self._failed_quota = FailedQuota(ctx.max_failed_per_namespace, ctx.metrics.registry)
+            self._failed_quota = failed_quota(ctx.max_failed_per_namespace, ctx.metrics.registry)
+        if self._models_quota is not None and reason != MODELS_OVER_QUOTA:
+            self._models_quota.release(ref)  # it shows Failed now: its Ready/Updating place is free
         quota = self._failed_quota
         room = quota.decide(ref, ctx.labels.labels().get(ref.label_key), ctx.configmap.data())
         if not room.admitted:  # the namespace's failing models fill their share of this node: no label, no entry

@@ -198,6 +198,16 @@ class Settings(BaseSettings):
             more="the rest get their Warning Event only (counted in `model_agent_failed_entries_refused_total`)",
         ),
     ] = 50
+    max_models_per_namespace: Annotated[
+        int,
+        Flag(
+            "BaseModels of one namespace shown Ready or Updating per node (0: no cap).",
+            more=(
+                "the rest are not fetched there and show `Failed: ModelQuotaExceeded` (counted in "
+                "`model_agent_models_refused_total`)"
+            ),
+        ),
+    ] = 100
 
     # API load
     api_qps: Annotated[float, Flag("Client-side API request rate, a token bucket (0: none).")] = 5.0
@@ -326,7 +336,7 @@ class Settings(BaseSettings):
             raise ValueError("must be at least one byte")
         return value
 
-    @field_validator("multipart_concurrency", "max_failed_per_namespace")
+    @field_validator("multipart_concurrency", "max_failed_per_namespace", "max_models_per_namespace")
     @classmethod
     def _not_negative(cls, value: int) -> int:
         if value < 0:

@@ -226,6 +226,7 @@ class Wiring:
                 else self.origin.hold,
                 download_limits=settings.download_limits(),
                 max_failed_per_namespace=settings.max_failed_per_namespace,
+                max_models_per_namespace=settings.max_models_per_namespace,
                 tenant_local_allow=tuple(settings.tenant_local_allow),
                 shared_roots=self.shared_roots,
             )
