@@ -72,6 +72,7 @@ EXPECTED_FLAGS: dict[str, tuple[str, bool, bool]] = {
     "--tenant-address-allow": ("list[str]", True, False),
     "--tenant-local-allow": ("list[str]", True, False),
     "--max-failed-per-namespace": ("int", False, False),
+    "--max-models-per-namespace": ("int", False, False),
     "--peer-enabled": ("bool", False, True),
     "--peer-port": ("int", False, False),
     "--peer-bind-address": ("str", False, False),
@@ -205,6 +206,7 @@ def test_each_flag_sets_its_field(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     given("--tenant-address-allow", "tenant_address_allow", ["10.1.0.0/16"])
     given("--tenant-local-allow", "tenant_local_allow", ["/srv/tenant"])
     given("--max-failed-per-namespace", "max_failed_per_namespace", 32)
+    given("--max-models-per-namespace", "max_models_per_namespace", 7)
     given("--peer-port", "peer_port", 9002)
     given("--peer-bind-address", "peer_bind_address", "127.0.0.1")
     given("--peer-advertise-address", "peer_advertise_address", "10.2.3.4:9002")
