@@ -855,9 +855,15 @@ async def test_lease_policy_allows_only_origin_slots_held_as_itself(
         live = await admin.request("GET", LEASES.path(NAMESPACE, foreign))
         assert live["spec"]["holderIdentity"] == "ome-controller-7f9c"
 
-        # An origin slot created as itself: accepted; released (holder cleared): accepted.
+        # An origin slot created as itself: accepted; renewed with its acquireTime kept: accepted; renewed with a new
+        # acquireTime (a stolen token resetting the hold bound other nodes time): refused; released: accepted.
         created.append(slots[0])
         assert await refusal(agent.request("POST", LEASES.path(NAMESPACE), body=lease(slots[0], NODE))) is None
+        held = await agent.request("GET", LEASES.path(NAMESPACE, slots[0]))
+        held["spec"]["renewTime"] = lease(slots[0], NODE)["spec"]["renewTime"]
+        held = await agent.request("PUT", LEASES.path(NAMESPACE, slots[0]), body=held)
+        exc = refused_by(await refusal(put_as(agent, slots[0], NODE)), policy, "acquireTime")
+        print(f"moving the acquireTime refused: {exc.message}")
         assert await refusal(put_as(agent, slots[0], "")) is None
         # An origin slot created or taken as another node: refused.
         exc = refused_by(

@@ -65,6 +65,7 @@ EXPECTED_FLAGS: dict[str, tuple[str, bool, bool]] = {
     "--api-burst": ("int", False, False),
     "--max-concurrent-origin-fetches": ("int", False, False),
     "--origin-lease-seconds": ("int", False, False),
+    "--lease-max-hold": ("float", False, False),
     "--shared-root": ("bool", False, True),
     "--trusted-namespace": ("list[str]", True, False),
     "--tenant-endpoint-allow": ("list[str]", True, False),
@@ -200,6 +201,7 @@ def test_each_flag_sets_its_field(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     given("--api-burst", "api_burst", 28)
     given("--max-concurrent-origin-fetches", "max_concurrent_origin_fetches", 29)
     given("--origin-lease-seconds", "origin_lease_s", 31)
+    given("--lease-max-hold", "lease_max_hold_s", 7200.0)
     given("--trusted-namespace", "trusted_namespaces", ["team-a", "team-b"])
     given("--tenant-endpoint-allow", "tenant_endpoint_allow", ["https://s3.example.test"])
     given("--cluster-cidr", "cluster_cidrs", ["10.0.0.0/8", "192.168.0.0/16"])

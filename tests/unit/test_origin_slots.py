@@ -207,3 +207,72 @@ async def test_the_reconciler_holds_the_slot_until_the_copy_is_published_and_rec
     assert await env.fetcher.submit(REF.key, target.id, lambda job: env.reconciler._fetch(job, REF, obj, target, None))
     await until(lambda: env.fetcher.job(REF.key) is None, "the fetch done", timeout=DEADLINE_S)
     assert at_release == [(True, True)]  # published and recorded before the slot was released
+
+
+# ------------------------------------------------------------------------------------------ the hold bound
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+async def renew_as(api: LeaseApi, holder: str, name: str) -> None:
+    """A holder (a stuck node, or a stolen token) renewing: a new renewTime, the same acquisition."""
+    lease = await api.request("GET", LEASES.path(NS, name))
+    lease["spec"]["holderIdentity"] = holder
+    lease["spec"]["renewTime"] = f"2026-12-07T00:00:{len(api.puts) % 60:02d}.000000Z"
+    await api.request("PUT", LEASES.path(NS, name), body=lease)
+
+
+async def test_a_lease_renewed_past_the_hold_bound_is_taken_over_by_a_waiter() -> None:
+    api, clock = LeaseApi(), Clock()
+    thief = OriginSlots(api, NS, "node-stolen", 1, lease_s=10, max_hold_s=100, clock=clock)  # type: ignore[arg-type]
+    assert await thief._try(NAME)
+    waiter = OriginSlots(api, NS, "node-2", 1, lease_s=10, max_hold_s=100, clock=clock)  # type: ignore[arg-type]
+    looks = 0
+    while not await waiter._try(NAME):  # every 5 s: the thief renews, the waiter looks
+        assert looks < 30, "never taken over"
+        looks += 1
+        clock.now += 5
+        await renew_as(api, "node-stolen", NAME)
+    assert 100 / 5 <= looks <= 100 / 5 + 2, looks  # once the same acquisition has been seen held for 100 s
+    assert (await api.request("GET", LEASES.path(NS, NAME)))["spec"]["holderIdentity"] == "node-2"
+
+
+async def test_a_new_acquisition_restarts_the_waiters_clock() -> None:
+    api, clock = LeaseApi(), Clock()
+    holder = OriginSlots(api, NS, "node-1", 1, lease_s=10, max_hold_s=100, clock=clock)  # type: ignore[arg-type]
+    waiter = OriginSlots(api, NS, "node-2", 1, lease_s=10, max_hold_s=100, clock=clock)  # type: ignore[arg-type]
+    assert await holder._try(NAME)
+    for _ in range(15):
+        clock.now += 5
+        await renew_as(api, "node-1", NAME)
+        assert not await waiter._try(NAME)
+    lease = await api.request("GET", LEASES.path(NS, NAME))
+    lease["spec"]["acquireTime"] = "2026-12-07T01:00:00.000000Z"  # released and taken again: a new acquisition
+    await api.request("PUT", LEASES.path(NS, NAME), body=lease)
+    for _ in range(15):
+        clock.now += 5
+        await renew_as(api, "node-1", NAME)
+        assert not await waiter._try(NAME)
+
+
+async def test_the_holder_fences_itself_one_duration_before_the_bound_and_keeps_its_acquire_time() -> None:
+    api, clock = LeaseApi(), Clock()
+    holder = OriginSlots(api, NS, "node-1", 1, lease_s=10, max_hold_s=100, clock=clock)  # type: ignore[arg-type]
+    assert await holder._try(NAME)
+    acquired = (await api.request("GET", LEASES.path(NS, NAME)))["spec"]["acquireTime"]
+    holder._renewed[NAME] = clock.now
+    assert holder.holds(SOURCE)
+    clock.now += 89
+    holder._renewed[NAME] = clock.now  # renewed just now
+    assert holder.holds(SOURCE)
+    clock.now += 1  # 90 s = the bound less one duration
+    holder._renewed[NAME] = clock.now
+    assert not holder.holds(SOURCE)
+    assert await holder._try(NAME)  # taking its own Lease again (a restart, another fetch) keeps the acquisition
+    assert (await api.request("GET", LEASES.path(NS, NAME)))["spec"]["acquireTime"] == acquired

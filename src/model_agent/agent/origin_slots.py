@@ -20,6 +20,17 @@ took — not once a renewal found another holder, and not once the last successf
 take the Lease over). Callers that use a Lease as a mutex (shared roots) ask it immediately before each
 destructive step.
 
+A bound on every hold (``max_hold_s``, ``--lease-max-hold``): a holder that keeps renewing — a node that is stuck,
+or a stolen node token renewing on purpose — holds a Lease for at most that long. Waiters time how long they have
+seen one holder hold one acquisition (holder and ``acquireTime`` unchanged) on their own monotonic clock and take
+the Lease over past the bound, as if it had expired; the holder fences itself (:meth:`holds` turns False and it
+stops renewing) one duration earlier, so it stops before they can. A fetch that is cut so resumes under a new
+acquisition. The admission policy (``deploy/``) makes the ``acquireTime`` a waiter times honest: a renewal may not
+change it (only a new holder, after a release, sets a new one), and a Lease is held only as the token's own node.
+What it cannot enforce is time itself (admission rules have no clock): a stolen token can take a Lease another node
+holds before it expired, or release one and take it again at once; the node whose token it is then stands in
+``holderIdentity`` for the operator to find and revoke.
+
 Contract: :meth:`OriginSlots.hold` is an async context manager; inside it the caller owns a slot. API
 errors while acquiring are retried with backoff (never "proceed without a slot"); a renewal that finds the
 slot taken by another node logs it and fences the holder (:meth:`holds` turns False; a fetch that is only
@@ -52,6 +63,9 @@ if TYPE_CHECKING:
     from model_agent.sources.egress import Owner
 
 log = structlog.get_logger(__name__)
+
+DEFAULT_MAX_HOLD_S = 6 * 3600.0
+"""The longest a holder keeps one acquisition of a Lease (``--lease-max-hold``)."""
 
 # A holder acts on a Lease only while its last successful renewal is younger than this share of the duration:
 # renewals come every third, so one failed renewal is tolerated, two are not, and the holder stops well before
@@ -96,6 +110,7 @@ class OriginSlots:
     _: KW_ONLY
     lease_s: int = 30
     poll_s: float = 3.0
+    max_hold_s: float = DEFAULT_MAX_HOLD_S
     rng: InitVar[random.Random | None] = None
     clock: Callable[[], float] = time.monotonic
     _rng: random.Random = field(init=False, repr=False)
@@ -104,6 +119,10 @@ class OriginSlots:
     _observed: dict[str, tuple[tuple[str, str, str], float]] = field(default_factory=dict, init=False, repr=False)
     # Lease name -> when this process last took or renewed it (its own clock); absent: not held, or fenced.
     _renewed: dict[str, float] = field(default_factory=dict, init=False, repr=False)
+    # Lease name -> (another node's acquisition as last read: holder, acquireTime; when this process first saw it).
+    _held_since: dict[str, tuple[tuple[str, str], float]] = field(default_factory=dict, init=False, repr=False)
+    # Lease name -> when this process took it (its own clock): the start of its own hold.
+    _taken: dict[str, float] = field(default_factory=dict, init=False, repr=False)
 
     def __post_init__(self, rng: random.Random | None) -> None:
         """The random source of the slot order and the backoff (a fresh one when none is given)."""
@@ -114,9 +133,15 @@ class OriginSlots:
         now = self.clock()
         for name in lease_names(source, self.slots):
             renewed = self._renewed.get(name)
-            if renewed is not None and now - renewed < FENCE_SHARE * self.lease_s:
+            if renewed is not None and now - renewed < FENCE_SHARE * self.lease_s and not self._overheld(name, now):
                 return True
         return False
+
+    def _overheld(self, name: str, now: float) -> bool:
+        """Has this process held ``name`` (one acquisition) for as long as it may? One duration before the bound
+        the waiters apply, so it stops acting before they can take the Lease over."""
+        taken = self._taken.get(name)
+        return taken is not None and now - taken >= self.max_hold_s - self.lease_s
 
     @contextlib.asynccontextmanager
     async def hold(
@@ -138,6 +163,7 @@ class OriginSlots:
             yield name
         finally:
             self._renewed.pop(name, None)
+            self._taken.pop(name, None)
             renewer.cancel()
             # The release runs to its end even when the holder is cancelled meanwhile (a slot left held
             # blocks other nodes until it expires), but a cancellation that arrives during it is raised
@@ -208,6 +234,7 @@ class OriginSlots:
                     return False
                 raise
             self._renewed[name] = started
+            self._taken[name] = started
             return True
         spec = lease.get("spec") or {}
         holder = spec.get("holderIdentity") or ""
@@ -215,14 +242,22 @@ class OriginSlots:
         if holder and holder != self.holder and not self._expired(name, lease):
             return False
         started = self.clock()
+        body = self._body(name, _now(), rv)
+        if holder == self.holder and spec.get("acquireTime"):
+            # Still this node's (a restart, a second fetch): the same acquisition, its acquireTime kept (the
+            # admission policy refuses a renewal that changes it) and its hold timed from the first sighting.
+            body["spec"]["acquireTime"] = spec["acquireTime"]
+            self._taken.setdefault(name, started)
         try:
-            await self.client.request("PUT", path, body=self._body(name, _now(), rv))
+            await self.client.request("PUT", path, body=body)
         except ApiError as exc:
             if exc.status == 409:
                 return False  # someone else took it first
             raise
         self._observed.pop(name, None)
+        self._held_since.pop(name, None)
         self._renewed[name] = started
+        self._taken.setdefault(name, started)
         return True
 
     def _expired(self, name: str, lease: dict[str, Any]) -> bool:
@@ -242,6 +277,19 @@ class OriginSlots:
         except (TypeError, ValueError):
             duration = float(self.lease_s)
         now = self.clock()
+        acquisition = (seen[0], str(spec.get("acquireTime") or ""))
+        first = self._held_since.get(name)
+        if first is None or first[0] != acquisition:
+            self._held_since[name] = (acquisition, now)
+        elif now - first[1] > self.max_hold_s:
+            log.warning(
+                "a Lease held past the hold bound is taken over",
+                lease=name,
+                holder=acquisition[0],
+                held_s=round(now - first[1]),
+                bound_s=self.max_hold_s,
+            )
+            return True
         previous = self._observed.get(name)
         if previous is None or previous[0] != seen:
             self._observed[name] = (seen, now)
@@ -259,6 +307,10 @@ class OriginSlots:
                 if spec.get("holderIdentity") != self.holder:
                     log.warning("origin slot taken over by another node", lease=name, holder=spec.get("holderIdentity"))
                     self._renewed.pop(name, None)  # fenced: holds() is False from now on
+                    return
+                if self._overheld(name, self.clock()):
+                    log.warning("Lease at the hold bound: no longer renewed", lease=name, bound_s=self.max_hold_s)
+                    self._renewed.pop(name, None)  # fenced, and left to expire (or to be released on leaving)
                     return
                 spec["renewTime"] = _micro(_now())
                 await self.client.request("PUT", path, body=lease)

@@ -222,6 +222,14 @@ class Settings(BaseSettings):
         ),
     ] = 0
     origin_lease_s: Annotated[int, Flag("Duration of an origin slot Lease, seconds.", name="origin-lease-seconds")] = 30
+    lease_max_hold_s: Annotated[
+        float,
+        Flag(
+            "Longest one holder keeps one acquisition of a Lease, seconds (others take it over after).",
+            name="lease-max-hold",
+            more="a fetch longer than this on a shared root pauses and resumes under a new acquisition",
+        ),
+    ] = 21600.0
     # the models root is mounted on many nodes: one fetch for all, no node removes files others serve
     shared_root: Annotated[bool, Flag("The models root is shared by many nodes (also detected by node markers).")] = (
         False
@@ -334,6 +342,13 @@ class Settings(BaseSettings):
     def _part_size(cls, value: str) -> str:
         if value and parse_size(value) < 1:
             raise ValueError("must be at least one byte")
+        return value
+
+    @field_validator("lease_max_hold_s")
+    @classmethod
+    def _a_minute_or_more(cls, value: float) -> float:
+        if value < 60:
+            raise ValueError("must be at least 60 seconds (two Lease durations and more)")
         return value
 
     @field_validator("multipart_concurrency", "max_failed_per_namespace", "max_models_per_namespace")

@@ -58,7 +58,7 @@ from typing import Any, TypeVar
 import structlog
 
 from model_agent.agent.confirm import Outcome
-from model_agent.agent.origin_slots import OriginSlots
+from model_agent.agent.origin_slots import DEFAULT_MAX_HOLD_S, OriginSlots
 from model_agent.agent.requeue import Requeue
 from model_agent.kube.client import KubeClient
 from model_agent.local.inventory import idle_s
@@ -353,6 +353,7 @@ class SharedRoots:
     _: KW_ONLY
     forced: bool = False
     lease_s: int = 30
+    max_hold_s: float = DEFAULT_MAX_HOLD_S
     requeue: Callable[[str], None] = lambda _key: None
     poll_s: float = WAIT_POLL_S
     long_wait_s: float = LONG_WAIT_S
@@ -364,7 +365,15 @@ class SharedRoots:
     def __post_init__(self, layout: Layout) -> None:
         """Keep the layout; the one-slot Lease per publication lets one node of the fleet fetch into a shared root."""
         self._layout = layout
-        self._leases = OriginSlots(self.client, self.namespace, self.node, 1, lease_s=self.lease_s, poll_s=self.poll_s)
+        self._leases = OriginSlots(
+            self.client,
+            self.namespace,
+            self.node,
+            1,
+            lease_s=self.lease_s,
+            poll_s=self.poll_s,
+            max_hold_s=self.max_hold_s,
+        )
 
     # ----------------------------------------------------------------------------------- detection
 

@@ -118,10 +118,16 @@ class Wiring:
             self.manifests,
             forced=settings.shared_root,
             lease_s=settings.origin_lease_s,
+            max_hold_s=settings.lease_max_hold_s,
             requeue=self.queue.add,
         )
         self.origin = OriginSlots(
-            client, settings.namespace, node, settings.max_concurrent_origin_fetches, lease_s=settings.origin_lease_s
+            client,
+            settings.namespace,
+            node,
+            settings.max_concurrent_origin_fetches,
+            lease_s=settings.origin_lease_s,
+            max_hold_s=settings.lease_max_hold_s,
         )
         self.resolve_cache = (
             ResolveCache(
@@ -130,7 +136,15 @@ class Wiring:
                 # A waiting node looks for the record every 0.5 s and for the lock only every 1-3 s: the lock is
                 # needed again only when its holder failed, and each look is an API request from a bucket of
                 # 5 a second that the fetch's own requests (label, entry, Leases) share.
-                lock=OriginSlots(client, settings.namespace, node, 1, lease_s=settings.origin_lease_s, poll_s=2.0),
+                lock=OriginSlots(
+                    client,
+                    settings.namespace,
+                    node,
+                    1,
+                    lease_s=settings.origin_lease_s,
+                    poll_s=2.0,
+                    max_hold_s=settings.lease_max_hold_s,
+                ),
             )
             if settings.max_concurrent_origin_fetches
             else None
