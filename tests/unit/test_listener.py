@@ -97,3 +97,82 @@ async def test_a_head_of_too_many_headers_is_refused_not_buffered(
     writer.close()
     await until(lambda: "bad-head" in refused, "the bad head counted", timeout=DEADLINE_S)
     assert not [r for r in caplog.records if r.name == "aiohttp.server"]  # no traceback per bad request
+
+
+# ------------------------------------------------------------------------------------------ the refusal budget
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_a_source_that_spends_its_refusal_budget_is_shut_out_for_the_penalty_and_others_are_not() -> None:
+    clock = Clock()
+    limits = Limits(max_connections=8, per_source=4, head_timeout_s=1, refusals_per_s=2, refusal_burst=5, penalty_s=30)
+    gate = Gate("peer", limits, clock=clock)
+    refusals: list[bool] = [gate.refused_request("10.0.0.9") for _ in range(6)]
+    assert refusals == [False] * 5 + [True]  # the burst, then shut out
+    assert gate.admit("10.0.0.9") == "penalty"
+    assert gate.refused_request("10.0.0.9")  # a connection opened before: it ends with its answer
+    assert gate.admit("10.0.0.8") == ""  # another address is not affected
+    clock.now += 29.9
+    assert gate.admit("10.0.0.9") == "penalty"
+    clock.now += 0.2
+    assert gate.admit("10.0.0.9") == ""  # the penalty is over
+
+
+def test_the_budget_refills_at_its_rate() -> None:
+    clock = Clock()
+    limits = Limits(max_connections=8, per_source=4, head_timeout_s=1, refusals_per_s=2, refusal_burst=5, penalty_s=30)
+    gate = Gate("peer", limits, clock=clock)
+    for _ in range(200):  # two refusals a second, for 100 s: within the budget
+        assert not gate.refused_request("10.0.0.9")
+        clock.now += 0.5
+
+
+def test_the_sources_remembered_are_bounded() -> None:
+    clock = Clock()
+    limits = Limits(max_connections=8, per_source=4, head_timeout_s=1, refusals_per_s=2, refusal_burst=1, penalty_s=30)
+    gate = Gate("peer", limits, clock=clock)
+    for i in range(10_000):
+        gate.refused_request(f"10.{i // 65536}.{i // 256 % 256}.{i % 256}")
+        gate.refused_request(f"10.{i // 65536}.{i // 256 % 256}.{i % 256}")
+    assert len(gate._budget) <= 4096 and len(gate._shut_out) <= 4096
+
+
+def test_no_budget_means_no_shut_out() -> None:
+    gate = Gate("health", Limits(max_connections=8, per_source=4, head_timeout_s=1))
+    assert not any(gate.refused_request("10.0.0.9") for _ in range(1000))
+    assert gate.admit("10.0.0.9") == ""
+
+
+async def test_a_shut_out_sources_connections_are_held_unread_until_the_head_deadline() -> None:
+    app = web.Application()
+    app.router.add_get("/ok", ok)
+    refused: list[str] = []
+    limits = Limits(
+        max_connections=6, per_source=2, head_timeout_s=0.5, refusals_per_s=1, refusal_burst=1, penalty_s=60
+    )
+    runner, port, gate = await serve(app, "127.0.0.1", 0, limits, name="test", on_refused=refused.append)
+    try:
+        gate.refused_request("127.0.0.9")
+        assert gate.refused_request("127.0.0.9")  # shut out
+        held = []
+        for _ in range(2):
+            reader, writer = await asyncio.open_connection("127.0.0.1", port, local_addr=("127.0.0.9", 0))
+            writer.write(b"GET /ok HTTP/1.1\r\nHost: x\r\n\r\n")
+            held.append((reader, writer))
+        await until(lambda: refused.count("penalty") >= 3, what="both connections held")
+        assert gate.by_source.get("127.0.0.9") == 2  # within its own cap, and never answered
+        third_reader, _ = await asyncio.open_connection("127.0.0.1", port, local_addr=("127.0.0.9", 0))
+        assert await _closed(third_reader)  # past its cap: closed at once
+        for reader, _ in held:  # closed at the head deadline, unanswered
+            assert await _closed(reader)
+        assert b"200 OK" in await _get(port, "127.0.0.8")  # others are served throughout
+        await until(lambda: "127.0.0.9" not in gate.by_source, what="their places given back")
+    finally:
+        await runner.cleanup()

@@ -19,6 +19,14 @@ Guarantees, per listener:
   that, whatever the clients do. A refused head is counted as ``bad-head`` and logged at the same rate, never
   one traceback per request.
 
+* a refusal budget per source, where the listener's application reports its refusals (:meth:`Gate.refused_request`:
+  the peer port's authentication refusals): past ``refusals_per_s`` on average (bursts of ``refusal_burst``) an
+  address is shut out for ``penalty_s`` — its open connections are closed after the refused answer, and new ones
+  (within its caps) are held unread until the head deadline closes them, counted as ``penalty``. A flood of requests
+  no one could accept then costs the agent one ``accept`` per connection per head deadline, not a parsed request
+  and an answer each (closed at once, a tight reconnect loop would make it thousands of ``accept`` a second). At
+  most :data:`MAX_TRACKED_SOURCES` addresses are remembered (the oldest forgotten first).
+
 The caps are per listener, not per request: a long answer (a peer streaming a file) holds its connection, which
 is why the peer port's total is sized for the fleet's concurrent transfers and its per-source cap for one
 node's (:data:`PEER_LIMITS`).
@@ -41,6 +49,7 @@ from aiohttp.web_protocol import RequestHandler
 log = structlog.get_logger(__name__)
 
 LOG_EVERY_S: Final = 10.0
+MAX_TRACKED_SOURCES: Final = 4096
 
 
 @dataclass(frozen=True)
@@ -54,6 +63,10 @@ class Limits:
     max_field_size: int = 8190
     max_line_size: int = 8190
     read_bufsize: int = 16 * 1024
+    # The per-source refusal budget (0: none): refusals a second on average, the burst, and the shut-out.
+    refusals_per_s: float = 0.0
+    refusal_burst: float = 0.0
+    penalty_s: float = 0.0
 
     def handler_args(self) -> dict[str, Any]:
         """aiohttp's request-handler settings for these limits."""
@@ -69,7 +82,11 @@ class Limits:
 # The kubelet's probes and Prometheus: a few connections, short requests.
 HEALTH_LIMITS: Final = Limits(max_connections=64, per_source=16, head_timeout_s=10.0)
 # Peers: each node fetching takes up to a few dozen connections (files x parts at once, plus probes).
-PEER_LIMITS: Final = Limits(max_connections=256, per_source=48, head_timeout_s=15.0)
+# A node's own peer requests are refused only when its token is (expired, rotated): two a second after a burst of 20
+# is far above that, and far below a flood's thousands.
+PEER_LIMITS: Final = Limits(
+    max_connections=256, per_source=48, head_timeout_s=15.0, refusals_per_s=2.0, refusal_burst=20.0, penalty_s=30.0
+)
 
 
 @dataclass(eq=False)
@@ -82,18 +99,52 @@ class Gate:
     open: int = 0
     by_source: dict[str, int] = field(default_factory=dict)
     refused: int = 0
+    clock: Callable[[], float] = time.monotonic
     _unlogged: int = 0
     _logged_at: float = 0.0
+    # source -> (refusal tokens left, when last counted); source -> until when it is shut out
+    _budget: dict[str, tuple[float, float]] = field(default_factory=dict)
+    _shut_out: dict[str, float] = field(default_factory=dict)
 
     def admit(self, source: str) -> str:
-        """Take a place for a connection from ``source``; why it is refused, or "" (then :meth:`release` later)."""
+        """Take a place for a connection from ``source``: why it is refused (``total``, ``per-source``: no place taken)
+        or held (``penalty``: a place taken), or "" — :meth:`release` later whenever a place was taken."""
         if self.open >= self.limits.max_connections:
             return "total"
         if self.by_source.get(source, 0) >= self.limits.per_source:
             return "per-source"
         self.open += 1
         self.by_source[source] = self.by_source.get(source, 0) + 1
-        return ""
+        return "penalty" if self.shut_out(source) else ""  # (a place taken: the connection is held unread)
+
+    def shut_out(self, source: str) -> bool:
+        """Is ``source`` serving a penalty for spending its refusal budget?"""
+        until = self._shut_out.get(source)
+        if until is None:
+            return False
+        if self.clock() < until:
+            return True
+        del self._shut_out[source]
+        return False
+
+    def refused_request(self, source: str) -> bool:
+        """The application refused a request of ``source``; True when that spent its budget (it is shut out now)."""
+        limits = self.limits
+        if limits.refusals_per_s <= 0:
+            return False
+        if self.shut_out(source):  # a connection opened before the shut-out: it ends with this answer
+            return True
+        now = self.clock()
+        tokens, then = self._budget.pop(source, (limits.refusal_burst, now))
+        tokens = min(limits.refusal_burst, tokens + (now - then) * limits.refusals_per_s) - 1
+        if tokens >= 0:
+            self._budget[source] = (tokens, now)  # (re-inserted: the dict's order is the sources' recency)
+            _forget_oldest(self._budget)
+            return False
+        self._shut_out[source] = now + limits.penalty_s
+        _forget_oldest(self._shut_out)
+        self.refuse("penalty", source)
+        return True
 
     def release(self, source: str) -> None:
         self.open -= 1
@@ -117,9 +168,16 @@ class Gate:
                 source=source,
                 closed=self._unlogged,
                 open=self.open,
-                limit=self.limits.max_connections if why == "total" else self.limits.per_source,
+                limit={"total": self.limits.max_connections, "penalty": self.limits.refusal_burst}.get(
+                    why, self.limits.per_source
+                ),
             )
             self._logged_at, self._unlogged = now, 0
+
+
+def _forget_oldest(table: dict[str, Any]) -> None:
+    while len(table) > MAX_TRACKED_SOURCES:
+        del table[next(iter(table))]
 
 
 class _GuardedHandler(RequestHandler):
@@ -127,13 +185,23 @@ class _GuardedHandler(RequestHandler):
 
     gate: Gate
     source: str | None = None
+    held: bool = False  # a shut-out source's connection, held unread until the head deadline closes it
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         peer = transport.get_extra_info("peername")
         source = str(peer[0]) if isinstance(peer, tuple) and peer else "?"
         why = self.gate.admit(source)
         super().connection_made(transport)
+        if why == "penalty" and isinstance(transport, asyncio.ReadTransport):
+            # Held, not closed: a source that is shut out and reconnects at once would otherwise make the agent accept
+            # thousands of connections a second. Nothing of it is read; its place counts against its own caps.
+            self.gate.refuse(why, source)
+            self.source, self.held = source, True
+            transport.pause_reading()
+            return
         if why:
+            if why == "penalty":
+                self.gate.release(source)
             self.gate.refuse(why, source)
             if isinstance(transport, asyncio.Transport):
                 transport.abort()  # closed at once: nothing of it is read or kept
@@ -147,7 +215,7 @@ class _GuardedHandler(RequestHandler):
             transport.max_size = self.gate.limits.read_bufsize
 
     def force_close(self) -> None:
-        if self.source is not None and self._request_count == 0 and not self._force_close:
+        if self.source is not None and self._request_count == 0 and not self._force_close and not self.held:
             self.gate.refuse("slow-head", self.source)  # (the keep-alive clock fired before a first head)
         super().force_close()
 

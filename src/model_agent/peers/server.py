@@ -55,7 +55,7 @@ import structlog
 from aiohttp import web
 
 from model_agent.local.manifest import Manifest
-from model_agent.ops.listener import PEER_LIMITS, serve
+from model_agent.ops.listener import PEER_LIMITS, Gate, serve
 from model_agent.peers.auth import TokenReviewer
 from model_agent.peers.relay import (
     FROM_HEADER,
@@ -259,6 +259,7 @@ class PeerServer:
     downstreams: Downstreams = field(init=False)
     _inflight: dict[str, int] = field(default_factory=dict, init=False, repr=False)
     _runner: web.AppRunner | None = field(default=None, init=False, repr=False)
+    _gate: Gate | None = field(default=None, init=False, repr=False)
     uploaded: int = field(default=0, init=False)
 
     def __post_init__(self, upload_rate: float) -> None:
@@ -274,7 +275,7 @@ class PeerServer:
 
     async def start(self) -> None:
         """Listen on ``host:port`` (port 0: any; the bound port is then in ``self.port``)."""
-        self._runner, self.port, _ = await serve(
+        self._runner, self.port, self._gate = await serve(
             self.app(), self.host, self.port, PEER_LIMITS, name="peer", on_refused=self.on_refused
         )
         log.info("peer server listening", host=self.host, port=self.port)
@@ -308,7 +309,10 @@ class PeerServer:
         verdict = await self.reviewer.check(req.headers.get("Authorization"), req.remote)
         if not verdict.admitted:
             headers = {"WWW-Authenticate": "Bearer"} if verdict.status == 401 else {}
-            return web.Response(status=verdict.status, headers=headers, text=verdict.why + "\n")
+            refused = web.Response(status=verdict.status, headers=headers, text=verdict.why + "\n")
+            if self._gate is not None and self._gate.refused_request(req.remote or "?"):
+                refused.force_close()  # its refusal budget is spent: this connection ends with the answer
+            return refused
         digest = req.match_info["digest"]
         if blob_algorithm(digest) != req.match_info["algorithm"]:
             return web.Response(status=404, text="not a sha256 or git-sha1 digest\n")
