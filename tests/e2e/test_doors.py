@@ -118,6 +118,8 @@ async def test_half_sent_heads_on_both_ports_leave_the_agent_small_and_serving(
         return refused("peer") > 0 and refused("health") > 0
 
     await eventually(counted, timeout=30, what="the refusals counted on both listeners")
+    lag = agent.metric("model_agent_event_loop_lag_max_seconds")  # the worst of the last minute: the attack's
+    print(f"doors e2e: worst event-loop lag during the slow-headers attack {lag * 1000:.0f} ms")
 
 
 FLOOD_S = 60.0
