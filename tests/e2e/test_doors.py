@@ -13,8 +13,11 @@ from __future__ import annotations
 
 import asyncio
 import json
+import secrets
 import sys
 import time
+import urllib.error
+import urllib.request
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -23,6 +26,7 @@ import pytest
 from model_agent.kube.resources import LEASES
 from model_agent.model.keys import node_label_key
 from model_agent.peers import DEFAULT_AUDIENCE
+from testbed import netns
 from testbed.agent_process import AgentProcess
 from testbed.models import tiny_llama
 from testbed.ports import free_port
@@ -238,3 +242,83 @@ async def test_a_flood_of_random_bearer_tokens_costs_no_token_review_slows_nothi
 def _times(renewals: list[tuple[str, str]]) -> list[float]:
     """The renewTimes seen, as seconds (the holder's clock: only their differences are used)."""
     return [datetime.strptime(t, "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=UTC).timestamp() for _, t in renewals]
+
+
+FLOOD_SCRIPT = """
+import concurrent.futures, sys, urllib.error, urllib.request
+def post(_):
+    try:
+        with urllib.request.urlopen(urllib.request.Request(sys.argv[1], method="POST"), timeout=10) as r:
+            return str(r.status)
+    except urllib.error.HTTPError as e:
+        return str(e.code)
+    except OSError:
+        return "closed"
+with concurrent.futures.ThreadPoolExecutor(20) as pool:
+    print(" ".join(pool.map(post, range(20))))
+"""
+
+
+async def test_verify_answers_only_the_operator_and_one_pass_at_a_time(
+    kube: Kube, olah: OlahServer, mirrors_root: Path, make_agent: AgentFactory, unique: str
+) -> None:
+    """20 concurrent ``POST /verify`` from another host's address (a network namespace of the test's own, across a
+    private bridge) are refused, and no pass starts; from the operator's path (the loopback address, where
+    ``model-agent verify`` runs) a pass starts, and a second ``POST`` while it runs gets 409 with its progress."""
+    repo = f"acme/verify-{unique}"
+    await asyncio.to_thread(create_model_repo, mirrors_root, repo, tiny_llama(98, padding_bytes=16 * MiB))
+    agent = await make_agent(args=("--verify-rate", "2000000"))  # 2 MB/s: a pass over 16 MiB lasts about 8 s
+    name = f"verify-{unique}"
+    await kube.apply(cbm(name, f"hf://{repo}", str(agent.models_root / name), nodeSelector=_on(agent.node)))
+
+    async def ready() -> bool:
+        return (await kube.node_labels(agent.node)).get(node_label_key(CBM, "", name)) == "Ready"
+
+    await eventually(ready, timeout=60, what="the model Ready")
+    verified_before = _verified_at(agent, name)
+    bridge = netns.Bridge(f"mv{secrets.token_hex(2)}", f"10.{200 + secrets.randbelow(50)}.{secrets.randbelow(250)}")
+    await asyncio.to_thread(bridge.up)
+    try:
+        other = await asyncio.to_thread(bridge.add_node, 0, node_cap=100_000_000)
+        proc = await asyncio.create_subprocess_exec(
+            "ip", "netns", "exec", other.netns, sys.executable, "-c", FLOOD_SCRIPT,
+            f"http://{bridge.address}:{agent.port}/verify", stdout=asyncio.subprocess.PIPE,
+        )  # fmt: skip
+        out, _ = await asyncio.wait_for(proc.communicate(), 60)
+    finally:
+        await asyncio.to_thread(bridge.teardown)
+    answers = out.decode().split()
+    assert len(answers) == 20 and set(answers) <= {"403", "closed"} and "403" in answers, answers
+    assert _verified_at(agent, name) == verified_before, "a pass ran for a request from outside"
+
+    first = asyncio.get_running_loop().run_in_executor(None, _post_verify, agent.port)
+
+    async def running() -> bool:
+        return json.loads(agent.http("/status")[1]).get("verifying") is not None
+
+    await eventually(running, timeout=30, what="the operator's pass running")
+    refused = await asyncio.to_thread(_post_verify, agent.port, 5.0)
+    assert refused[0] == 409, refused
+    assert json.loads(refused[1])["running"]["models"] >= 1, refused  # the running pass's progress
+    status, body = await asyncio.wait_for(first, 120)
+    assert status == 200, (status, body)
+    assert _verified_at(agent, name) > verified_before  # the operator's pass ran
+    print(f"verify e2e: 20 POSTs from {other.address}: {' '.join(sorted(set(answers)))}; a second pass: {refused}")
+
+
+def _verified_at(agent: AgentProcess, name: str) -> float:
+    rows = json.loads(agent.http("/status")[1])["models"]
+    return float(next(r for r in rows if r["name"] == name)["manifest"]["verifiedAt"])
+
+
+def _post_verify(port: int, timeout: float = 120.0) -> tuple[int, str]:
+    request = urllib.request.Request(f"http://127.0.0.1:{port}/verify", method="POST")
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as resp:
+            return int(resp.status), resp.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode(errors="replace")
+
+
+def _on(node: str) -> dict[str, str]:
+    return {"kubernetes.io/hostname": node}

@@ -281,6 +281,7 @@ class Agent:
         )
         view["sharedRoots"] = self.wiring.shared_roots.status()  # shared or not, why, fs type (agent/shared_root.py)
         view["peers"] = self.wiring.peers.status() if self.wiring.peers is not None else {"enabled": False}
+        view["verifying"] = self.verify_running()  # the re-hash pass running now (its progress), or None
         return view
 
     # ----------------------------------------------------------------------------------- health
