@@ -486,3 +486,11 @@ def test_storage_fields_follow_omes_fields_and_are_left_out_when_empty() -> None
     assert ModelEntry(name="m", status="Ready").to_json() == '{"name":"m","status":"Ready"}'
     assert ModelEntry.from_json(entry.to_json()) == entry
     assert ModelEntry.from_json('{"name":"m","status":"Ready","storageUri":7}') is None  # Go refuses the type too
+
+
+def test_the_smallest_form_drops_the_storage_fields_too() -> None:
+    from model_agent.model.entry import without_config
+
+    full = ModelEntry(name="m", status="Ready", storage_uri="local:///a/long/path", storage_path="/a/long/path")
+    assert without_config(full.to_json()) == '{"name":"m","status":"Ready"}'
+    assert without_config(without_config(full.to_json())) == '{"name":"m","status":"Ready"}'

@@ -34,7 +34,8 @@ Contract:
   bounds one entry to ``MAX_ENTRY_BYTES``, trimming only the parsed ``config`` — metadata strings and lists
   first, then ``decodedModelConfiguration``, then the whole ``config`` — and never ``name``, ``status``,
   ``progress``, ``bytesBySource``, the ``reason`` or fields it does not know; ``without_config`` is the
-  smallest form of an entry, for a ConfigMap too full for the whole one. Both are idempotent.
+  smallest form of an entry (no ``config``, no storage fields), for a ConfigMap too full for the whole one. Both are
+  idempotent.
 """
 
 from __future__ import annotations
@@ -320,11 +321,12 @@ def cap_entry_json(text: str, max_bytes: int = MAX_ENTRY_BYTES) -> str:
 
 
 def without_config(text: str) -> str:
-    """The smallest form of an entry: its ``config`` dropped, everything else (the status) kept."""
+    """The smallest form of an entry: its ``config`` and its storage fields dropped, everything else (the status)
+    kept. (The storage fields name paths: with them a compact entry would be several times its size.)"""
     entry = ModelEntry.from_json(text)
-    if entry is None or entry.config is None:
+    if entry is None or (entry.config is None and not entry.storage_uri and not entry.storage_path):
         return text
-    return _encode_entry(replace(entry, config=None), _extra_fields(text))
+    return _encode_entry(replace(entry, config=None, storage_uri="", storage_path=""), _extra_fields(text))
 
 
 def _cap_metadata(config: ModelConfig) -> ModelConfig:
