@@ -489,8 +489,14 @@ def test_storage_fields_follow_omes_fields_and_are_left_out_when_empty() -> None
 
 
 def test_the_smallest_form_drops_the_storage_fields_too() -> None:
-    from model_agent.model.entry import without_config
-
     full = ModelEntry(name="m", status="Ready", storage_uri="local:///a/long/path", storage_path="/a/long/path")
     assert without_config(full.to_json()) == '{"name":"m","status":"Ready"}'
     assert without_config(without_config(full.to_json())) == '{"name":"m","status":"Ready"}'
+
+
+def test_capping_keeps_the_storage_fields_once() -> None:
+    big = ModelConfig(model_type="llama", decoded_model_configuration={"k": "v" * (MAX_ENTRY_BYTES + 100)})
+    text = ModelEntry(name="m", status="Ready", config=big, storage_uri="hf://o/m", storage_path="/m").to_json()
+    capped = cap_entry_json(text)
+    assert capped.count('"storageUri"') == 1 and capped.count('"storagePath"') == 1
+    assert len(capped.encode()) <= MAX_ENTRY_BYTES

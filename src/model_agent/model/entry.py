@@ -294,7 +294,7 @@ MAX_ENTRY_BYTES: Final = 8 * 1024
 MAX_METADATA_STRING: Final = 256
 MAX_METADATA_ITEMS: Final = 64
 MAX_REASON: Final = 500
-_KNOWN_FIELDS: Final = ("name", "status", "config", "progress", "bytesBySource", "reason")
+_KNOWN_FIELDS: Final = ("name", "status", "config", "progress", "storageUri", "storagePath", "bytesBySource", "reason")
 
 
 def cap_entry_json(text: str, max_bytes: int = MAX_ENTRY_BYTES) -> str:
