@@ -3,11 +3,11 @@
 The API server refuses a ConfigMap whose data exceeds 1 MiB, and with it the whole patch. Another writer's
 key takes most of this node's ConfigMap before the agent starts, so the agent's 1,100 entries (``local://``
 models sharing one small llama directory, about 840 bytes each with their parsed config and storage fields, 60
-without them) do not all fit even in their smallest form. What must hold, sampled all along: no label says ``Ready`` without its
-entry; and at the end every model has an entry (statuses first: entries give up their parsed config for
-room), or is reported as refused (``/status``, the ``model_agent_configmap_*`` gauges, a ``ConfigMapFull``
-Event on the Node), and the other writer's key is intact. When that key goes, every model gets its entry on
-a later pass, then its parsed config back, and the agent says the ConfigMap has room again.
+without them) do not all fit even in their smallest form. What must hold, sampled all along: no label says
+``Ready`` without its entry; and at the end every model has an entry (statuses first: entries give up their
+parsed config for room), or is reported as refused (``/status``, the ``model_agent_configmap_*`` gauges, a
+``ConfigMapFull`` Event on the Node), and the other writer's key is intact. When that key goes, every model
+gets its entry on a later pass, then its parsed config back, and the agent says the ConfigMap has room again.
 """
 
 from __future__ import annotations
