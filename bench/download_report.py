@@ -240,7 +240,7 @@ def fetch_throughput(runs: list[Row], workload: str, dest: str, tool: str) -> fl
 
 
 def verified_speed_verdicts(suite: Row, runs: list[Row]) -> list[Row]:
-    """Issue 21's targets: verified speed when the disk is not the limit (tmpfs), small files, CPU per GB."""
+    """The download targets: verified speed when the disk is not the limit (tmpfs), small files, CPU per GB."""
     out: list[Row] = []
     tcp = _ceiling(suite, "loopback_tcp_gbs")
     sha_cpu = [c.get("sha256_cpu_s_per_gb") for c in (suite.get("ceilings_start"), suite.get("ceilings_end")) if c]

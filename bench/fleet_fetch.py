@@ -604,7 +604,7 @@ def report(doc: dict[str, Any], plot_name: str | None) -> str:
         )
     lines += [
         "",
-        "## Verdicts (targets of issue 20)",
+        "## Verdicts (the fleet targets)",
         "",
         "| target | cell | measured | verdict |",
         "|---|---|---|---|",

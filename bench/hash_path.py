@@ -1,4 +1,4 @@
-"""Where the CPU of one verified download goes: receive, write, hash, event loop (issue 21's profile).
+"""Where the CPU of one verified download goes: receive, write, hash, event loop.
 
 Reproduce: ``flock /tmp/heavy.lock nice .venv/bin/python -m bench.hash_path`` (defaults: one 1 GiB random
 file, nginx on loopback as the origin (``bench.ranged.start_nginx``: sendfile, one worker), destination

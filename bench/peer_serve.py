@@ -1,4 +1,4 @@
-"""What serving a Ready file to peers costs this node: CPU-seconds per GB sent by the peer server (issue 20).
+"""What serving a Ready file to peers costs this node: CPU-seconds per GB sent by the peer server.
 
 Reproduce: ``flock /tmp/heavy.lock nice .venv/bin/python -m bench.peer_serve`` (defaults: one 1 GiB random file
 in ``/dev/shm``, 3 rounds of each variant interleaved, median reported). Each run is a fresh child process

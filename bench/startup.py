@@ -39,9 +39,9 @@ from testbed.servers.controlplane import ControlPlane, node_manifest
 ROOT = Path(__file__).resolve().parents[1]
 
 TARGET_SECONDS = 20.0
-TARGET_PEAK_RSS_MIB = 100.0  # issue 21: peak with 1,000 models, below the Go agent's 103 MiB
-TARGET_IDLE_RSS_MIB = 80.0  # issue 21: idle with 200 models
-# OME's Go model agent, side by side on the same control plane with 1,000 local:// models (issue 21);
+TARGET_PEAK_RSS_MIB = 100.0  # peak with 1,000 models, below the Go agent's 103 MiB
+TARGET_IDLE_RSS_MIB = 80.0  # idle with 200 models
+# OME's Go model agent, side by side on the same control plane with 1,000 local:// models;
 # a reference, not measured by this script.
 GO_AGENT_PEAK_RSS_MIB = 103.0
 # Environment the Helm chart sets that changes the agent's memory use: none. MALLOC_ARENA_MAX=2 was measured

@@ -1,4 +1,4 @@
-"""The way users run it: the image from the Dockerfile and the Helm chart, on a real kubelet (issue 18).
+"""The way users run it: the image from the Dockerfile and the Helm chart, on a real kubelet.
 
 One module-scoped bed: a control plane admitting pods as a real cluster does (ServiceAccount admission,
 NodeRestriction, the Node authorizer), the controller manager and scheduler, and one kubelet on

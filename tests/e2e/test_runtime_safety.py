@@ -1,4 +1,4 @@
-"""Runtime robustness end to end (issue 15, items 5, 8 and 10): the agent against the real API server, through
+"""Runtime robustness end to end: the agent against the real API server, through
 the project's fault proxy where a fault is needed.
 
 * a purge of a large expired trash entry runs off the event loop (the loop-lag metric and ``/livez`` show it);

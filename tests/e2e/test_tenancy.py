@@ -1,4 +1,4 @@
-"""Tenants are untrusted (issue 16, item 1): a namespaced BaseModel never gets the node's identity.
+"""Tenants are untrusted: a namespaced BaseModel never gets the node's identity.
 
 Against the real control plane, the agent as a subprocess with ambient credentials of every kind in its
 environment: AWS keys with a session token (and the instance metadata endpoint pointed at a recorder), a
@@ -499,7 +499,7 @@ def _lower(headers: dict[str, str]) -> dict[str, str]:
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Resource attacks (issue 16 items 3, 5, 7, 8) and the crash loop (item 3): bounded memory, ConfigMap room,
+# Resource attacks and the crash loop (item 3): bounded memory, ConfigMap room,
 # log masking, download deadlines, durable crash records.
 
 MiB = 1024 * 1024

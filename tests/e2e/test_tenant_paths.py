@@ -1,6 +1,6 @@
 """Tenants' directories, end to end (real API server, real olah mirror, the agent as a subprocess).
 
-Issue 16, items 2, 4 and 6: a namespaced BaseModel is a tenant's, and tenants do not trust each other.
+a namespaced BaseModel is a tenant's, and tenants do not trust each other.
 
 * One owner per directory tree: a tenant model at a parent, a child or the same path as another model's
   directory (the same URI with its own ``endpoint`` is another owner) is ``Failed: PathConflict`` naming

@@ -311,7 +311,7 @@ async def test_a_failed_list_confirms_nothing_and_is_not_reused() -> None:
 
 
 async def test_a_delete_heard_while_the_lists_absent_items_are_read_is_not_answered_alive() -> None:
-    """Issue 15, item 5: the LIST shows X; while the GETs for the items it lacks are slow, X is really deleted
+    """the LIST shows X; while the GETs for the items it lacks are slow, X is really deleted
     and its DELETED heard. X's waiter must not get ``alive`` from the older LIST: X is read again."""
     x, others = cbm_ref(0), [cbm_ref(i) for i in range(1, 4)]
     client = FakeKubeClient()

@@ -1,6 +1,6 @@
 """Every ``docs/<file>.md#<anchor>`` citation in the code resolves (tools/check_doc_refs.py).
 
-The repository check is the guard of issue 17 ("a test fails on a dangling reference"); the temporary-tree
+The repository check is the guard ("a test fails on a dangling reference"); the temporary-tree
 tests show the checker itself finds a dangling anchor and a missing document, and computes anchors as
 GitHub does, so the guard can fail.
 """

@@ -1,6 +1,6 @@
 """model/key_owners.py: labels and ConfigMap keys map back to real models, never to a truncation's name.
 
-The trap (issue 15, item 13): a long name's label is ``hash8-tail``; parsed on its own it names a model that
+The trap: a long name's label is ``hash8-tail``; parsed on its own it names a model that
 never existed, whose live read answers 404 — "proof" that a model is gone whose real name was never read.
 """
 

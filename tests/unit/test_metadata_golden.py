@@ -1,4 +1,4 @@
-"""Golden vectors: parsed model metadata as the ConfigMap entry bytes OME's controller reads (issue 19).
+"""Golden vectors: parsed model metadata as the ConfigMap entry bytes OME's controller reads.
 
 Each case writes one model family's real ``config.json`` shape (abridged to the keys parsers read and
 their usual neighbours) into a temporary directory, with small real safetensors files where the case is

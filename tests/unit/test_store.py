@@ -1,5 +1,5 @@
 """Unit tests for the informer store: vanished keys are candidates, and what the store heard of each key
-(tombstones included) decides whether a live read may repair it (issue 15, item 5)."""
+(tombstones included) decides whether a live read may repair it."""
 
 from __future__ import annotations
 

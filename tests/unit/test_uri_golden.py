@@ -1,4 +1,4 @@
-"""Golden vectors for storage URIs (issue 19): every form, its parse or its refusal.
+"""Golden vectors for storage URIs: every form, its parse or its refusal.
 
 ``ACCEPTED`` lists URIs with the value the parser must return. Where OME's Go parser accepts the same URI
 and downloads it, the split (bucket, prefix, namespace, revision...) is OME's. ``REFUSED`` lists URIs

@@ -1,4 +1,4 @@
-"""Shared Hugging Face artifacts: ``downloadPolicy: ReuseIfExists`` (OME #734 and follow-ups, issue 19).
+"""Shared Hugging Face artifacts: ``downloadPolicy: ReuseIfExists`` (OME #734 and follow-ups).
 
 Role: decide whether a model shares one node-local copy of a Hugging Face snapshot with other models, and
 carry the few acts that sharing adds to the ordinary fetch-and-publish path.

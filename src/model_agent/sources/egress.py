@@ -1,4 +1,4 @@
-"""Who a fetch is for, and what it may use and reach: the tenancy rules of invariant 8 (issue 16).
+"""Who a fetch is for, and what it may use and reach: the tenancy rules of invariant 8.
 
 Role: the one place that decides, for one model, (1) whether the node's ambient identity (the AWS, GCP,
 Azure and OCI SDK chains, instance metadata) and the platform ``HF_TOKEN`` may serve it, (2) whether an
