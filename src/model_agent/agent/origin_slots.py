@@ -245,9 +245,8 @@ class OriginSlots:
         body = self._body(name, _now(), rv)
         if holder == self.holder and spec.get("acquireTime"):
             # Still this node's (a restart, a second fetch): the same acquisition, its acquireTime kept (the
-            # admission policy refuses a renewal that changes it) and its hold timed from the first sighting.
+            # admission policy refuses a renewal that changes it); its hold is timed from here (below).
             body["spec"]["acquireTime"] = spec["acquireTime"]
-            self._taken.setdefault(name, started)
         try:
             await self.client.request("PUT", path, body=body)
         except ApiError as exc:

@@ -255,6 +255,4 @@ class Wiring:
             ref = ModelRef.from_key(key)
         except ValueError:
             return False
-        store = self.models[ref.kind.value].store
-        cached = store.get(f"{ref.namespace}/{ref.name}" if ref.namespace else ref.name)
-        return lane(presence(cached)) == Lane.URGENT
+        return lane(presence(self.reconciler.cached_object(ref))) == Lane.URGENT
